@@ -1,0 +1,432 @@
+/**
+ * \file gpumem.h
+ * \brief libgpumem public C API: a caching, stream-ordered GPU device memory manager.
+ *
+ * libgpumem takes large pieces of memory from a backend (CUDA, HIP, or the
+ * host simulator "sim"), hands out pieces of them quickly, keeps freed memory
+ * cached for reuse and gives cached memory back when a threshold is crossed.
+ *
+ * Conventions used by every function in this header:
+ * - Every function returning ::gpumem_status returns ::GPUMEM_OK (0) on success.
+ * - On failure, output parameters are left untouched and no allocation is
+ *   changed.
+ * - The library never prints unless a log callback is installed or
+ *   `GPUMEM_LOG` is set, and never exits or aborts the process.
+ * - No CUDA or HIP header is included here; streams are passed as `void *`.
+ */
+#ifndef GPUMEM_H
+#define GPUMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** \brief Symbol visibility for the shared library. */
+#if defined(_WIN32)
+#  define GPUMEM_API
+#elif defined(__GNUC__)
+#  define GPUMEM_API __attribute__((visibility("default")))
+#else
+#  define GPUMEM_API
+#endif
+
+/** \brief Major version of the library. */
+#define GPUMEM_VERSION_MAJOR 0
+/** \brief Minor version of the library. */
+#define GPUMEM_VERSION_MINOR 1
+/** \brief Patch version of the library. */
+#define GPUMEM_VERSION_PATCH 0
+/** \brief Version as one number: major*10000 + minor*100 + patch. */
+#define GPUMEM_VERSION (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
+
+/**
+ * \brief The list of status codes: XX(name, value, message).
+ *
+ * The enum ::gpumem_status, gpumem_status_name() and gpumem_strerror() are
+ * all generated from this one list.
+ */
+#define GPUMEM_STATUS_MAP(XX)                                                                         \
+  XX(OK, 0, "success")                                                                                \
+  XX(ERR_INVALID_ARGUMENT, 1, "an argument is invalid (NULL where a pointer is required, a bad value or flag)") \
+  XX(ERR_INVALID_DEVICE, 2, "the device number is not a visible device of this context")             \
+  XX(ERR_INVALID_POINTER, 3, "the pointer was not handed out by this context, was already freed, or is not the start of a block") \
+  XX(ERR_OUT_OF_MEMORY, 4, "the device is out of memory, even after trimming cached memory and retrying") \
+  XX(ERR_LIMIT_EXCEEDED, 5, "the request would pass the configured memory limit of the device")       \
+  XX(ERR_BUSY, 6, "the object still has live allocations")                                            \
+  XX(ERR_NO_BACKEND, 7, "no usable backend: the requested backend is not built or has no device or driver") \
+  XX(ERR_BACKEND, 8, "the backend (CUDA, HIP, ...) reported an error; see gpumem_last_backend_error()") \
+  XX(ERR_NOT_SUPPORTED, 9, "the operation is not supported by this backend or build")                 \
+  XX(ERR_INTERNAL, 10, "internal error: an invariant of the library was violated")
+
+/** \brief Status returned by every fallible libgpumem function. */
+typedef enum gpumem_status {
+#define GPUMEM__STATUS_ENUM(name, value, msg) GPUMEM_##name = value,
+  GPUMEM_STATUS_MAP(GPUMEM__STATUS_ENUM)
+#undef GPUMEM__STATUS_ENUM
+  GPUMEM_STATUS_COUNT_ /**< number of status codes (not a status) */
+} gpumem_status;
+
+/** \brief Opaque context: one backend, one lazily created pool per device. */
+typedef struct gpumem_context gpumem_context;
+
+/** \brief A stream handle: `cudaStream_t` or `hipStream_t`; NULL is the default stream. */
+typedef void *gpumem_stream;
+
+/** \brief Pass as a device number to mean every visible device. */
+#define GPUMEM_ALL_DEVICES (-1)
+
+/** \brief "No limit" value for byte thresholds such as gpumem_config::release_threshold. */
+#define GPUMEM_UNLIMITED UINT64_MAX
+
+/** \brief gpumem_destroy() flag: free every live allocation instead of returning ::GPUMEM_ERR_BUSY. */
+#define GPUMEM_DESTROY_FORCE 0x1u
+
+/**
+ * \brief gpumem_reset() flag: also call the backend's device reset
+ *        (cudaDeviceReset / hipDeviceReset).
+ *
+ * DANGEROUS: this destroys every allocation of the whole process on that
+ * device, including memory of other libraries and frameworks. Opt-in only.
+ */
+#define GPUMEM_RESET_DEVICE 0x1u
+
+/** \brief gpumem_config::flags bit: ignore `GPUMEM_*` environment variables. */
+#define GPUMEM_CONFIG_NO_ENV 0x1u
+
+/** \brief Log levels, from most to least verbose. */
+typedef enum gpumem_log_level {
+  GPUMEM_LOG_DEBUG = 0, /**< every pool growth, trim and retry */
+  GPUMEM_LOG_INFO = 1,  /**< context creation, device pools, resets */
+  GPUMEM_LOG_WARN = 2,  /**< leaks at destroy, out-of-memory, bad environment values */
+  GPUMEM_LOG_ERROR = 3, /**< backend errors */
+  GPUMEM_LOG_OFF = 4    /**< nothing is logged */
+} gpumem_log_level;
+
+/**
+ * \brief Log callback.
+ * \param user  gpumem_config::log_user.
+ * \param level severity of the message.
+ * \param msg   NUL-terminated message without trailing newline; valid only during the call.
+ *
+ * Called from whichever thread triggered the message, possibly concurrently.
+ * It must not call back into libgpumem with the same context.
+ */
+typedef void (*gpumem_log_fn)(void *user, gpumem_log_level level, const char *msg);
+
+/**
+ * \brief Out-of-memory callback, called after trimming and retrying failed.
+ * \param user      gpumem_config::oom_user.
+ * \param device    the device that is out of memory.
+ * \param requested bytes that were requested.
+ * \return non-zero to ask for exactly one more retry (after the callback freed
+ *         memory), 0 to let the allocation fail with ::GPUMEM_ERR_OUT_OF_MEMORY.
+ *
+ * Called without internal locks held: it may call gpumem_free() and
+ * gpumem_trim() on the same context, but should not allocate from it.
+ */
+typedef int (*gpumem_oom_fn)(void *user, int device, size_t requested);
+
+struct gpumem_backend; /* see gpumem/backend.h */
+
+/**
+ * \brief Context configuration. Initialise with gpumem_config_init().
+ *
+ * Versioned: `struct_size` comes first, new members are only appended, so a
+ * newer library accepts a struct from an older caller. Environment variables
+ * `GPUMEM_<FIELD>` override the matching fields at gpumem_create() unless
+ * ::GPUMEM_CONFIG_NO_ENV is set in `flags`.
+ */
+typedef struct gpumem_config {
+  uint32_t struct_size;        /**< sizeof(gpumem_config); set by gpumem_config_init() */
+  uint32_t flags;              /**< GPUMEM_CONFIG_* bits; default 0 */
+  const char *backend;         /**< "auto" (NULL), "cuda", "hip" or "sim"; env GPUMEM_BACKEND */
+  const struct gpumem_backend *custom_backend; /**< a user vtable, used instead of `backend` when non-NULL; copied at create */
+  uint64_t release_threshold;  /**< cached free bytes a device pool may keep; default ::GPUMEM_UNLIMITED; env GPUMEM_RELEASE_THRESHOLD */
+  double trim_free_fraction;   /**< give cached memory back when device free memory < this fraction of total; default 0.10; 0 disables; env GPUMEM_TRIM_FREE_FRACTION */
+  uint64_t limit_bytes;        /**< hard cap on bytes reserved per device; 0 = none; env GPUMEM_LIMIT_BYTES */
+  double limit_fraction;       /**< hard cap as a fraction of device total; 0 = none; env GPUMEM_LIMIT_FRACTION */
+  uint64_t initial_bytes;      /**< preallocated on a device's first use; 0 = none; env GPUMEM_INITIAL_BYTES */
+  gpumem_oom_fn oom_callback;  /**< called when out of memory after trim-and-retry; may be NULL */
+  void *oom_user;              /**< user data for `oom_callback` */
+  gpumem_log_fn log_callback;  /**< receives log messages at or above `log_level`; may be NULL */
+  void *log_user;              /**< user data for `log_callback` */
+  gpumem_log_level log_level;  /**< minimum level logged; default ::GPUMEM_LOG_WARN; env GPUMEM_LOG (debug|info|warn|error|off, to stderr) */
+} gpumem_config;
+
+/**
+ * \brief Per-device information, versioned by `struct_size`.
+ */
+typedef struct gpumem_device_info {
+  uint32_t struct_size;  /**< set by the caller to sizeof(gpumem_device_info) (0 is taken as the current size) */
+  int ordinal;           /**< visible ordinal (after CUDA_VISIBLE_DEVICES) */
+  char name[256];        /**< device name, e.g. "NVIDIA H200" */
+  char uuid[64];         /**< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it */
+  char pci_bus_id[32];   /**< "0000:17:00.0" */
+  uint64_t total_bytes;  /**< device memory in total */
+  uint64_t free_bytes;   /**< device memory free now, as the backend reports it */
+  int physical_index;    /**< index among all devices before CUDA_VISIBLE_DEVICES, -1 if unknown */
+} gpumem_device_info;
+
+/**
+ * \brief Allocation statistics of one device pool, or of all (summed).
+ *
+ * Versioned by `struct_size`: set it to sizeof(gpumem_stats) (0 is taken as the current size).
+ */
+typedef struct gpumem_stats {
+  uint32_t struct_size;        /**< set by the caller */
+  uint32_t reserved_;          /**< padding, always 0 */
+  uint64_t allocated_bytes;    /**< bytes in live blocks (block sizes, i.e. rounded request sizes) */
+  uint64_t allocated_peak;     /**< peak of allocated_bytes since creation or last peak reset */
+  uint64_t reserved_bytes;     /**< bytes held from the backend */
+  uint64_t reserved_peak;      /**< peak of reserved_bytes */
+  uint64_t cached_bytes;       /**< reserved bytes not in live blocks (reserved - allocated) */
+  uint64_t num_allocs;         /**< successful allocations (size > 0) */
+  uint64_t num_frees;          /**< successful frees of non-NULL pointers */
+  uint64_t num_live;           /**< live allocations */
+  uint64_t num_segments;       /**< segments currently held from the backend */
+  uint64_t num_backend_allocs; /**< successful backend allocations */
+  uint64_t num_backend_frees;  /**< backend frees */
+  uint64_t num_trims;          /**< trim operations that released memory */
+  uint64_t trimmed_bytes;      /**< bytes given back by trims */
+  uint64_t num_oom_retries;    /**< retries after a backend out-of-memory */
+  uint64_t num_ooms;           /**< allocations that failed with out-of-memory */
+  uint64_t requested_bytes;    /**< bytes asked for by live allocations (unrounded) */
+  uint64_t num_limit_exceeded; /**< allocations refused by limit_bytes / limit_fraction */
+} gpumem_stats;
+
+/* ---------------------------------------------------------------------- */
+/* Errors                                                                  */
+
+/**
+ * \brief Name of a status, e.g. "GPUMEM_ERR_OUT_OF_MEMORY".
+ * \return a static string; "GPUMEM_UNKNOWN_STATUS" for values outside the enum.
+ * Thread-safe.
+ */
+GPUMEM_API const char *gpumem_status_name(gpumem_status s);
+
+/**
+ * \brief A sentence describing a status.
+ * \return a static string; a generic sentence for values outside the enum.
+ * Thread-safe.
+ */
+GPUMEM_API const char *gpumem_strerror(gpumem_status s);
+
+/**
+ * \brief The raw code and message of the last backend error seen by the calling thread on this context.
+ * \param ctx   context.
+ * \param code  receives the backend's raw code (e.g. a cudaError_t), 0 if none; may be NULL.
+ * \param msg   receives the backend's message (static or valid until the next error on this thread); may be NULL.
+ * \return ::GPUMEM_OK, or ::GPUMEM_ERR_INVALID_ARGUMENT if ctx is NULL.
+ * Thread-safe: the record is per thread.
+ */
+GPUMEM_API gpumem_status gpumem_last_backend_error(gpumem_context *ctx, int *code, const char **msg);
+
+/* ---------------------------------------------------------------------- */
+/* Context                                                                 */
+
+/**
+ * \brief Fill a config with defaults (backend "auto", no limits, release
+ *        threshold unlimited, trim_free_fraction 0.10, log level warn).
+ * Does nothing if cfg is NULL. Thread-safe.
+ */
+GPUMEM_API void gpumem_config_init(gpumem_config *cfg);
+
+/**
+ * \brief Create a context.
+ * \param cfg configuration, or NULL for defaults (environment still applies).
+ * \param out receives the context.
+ * \return ::GPUMEM_OK;
+ *         ::GPUMEM_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, bad config value or bad `GPUMEM_*` environment value);
+ *         ::GPUMEM_ERR_NO_BACKEND (unknown backend name, backend not built, or no device/driver);
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (host memory);
+ *         ::GPUMEM_ERR_BACKEND.
+ * Touches no device. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out);
+
+/**
+ * \brief Destroy a context, giving all its memory back.
+ * \param ctx   context (NULL is ::GPUMEM_ERR_INVALID_ARGUMENT).
+ * \param flags 0 or ::GPUMEM_DESTROY_FORCE.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_BUSY when live allocations remain and
+ *         FORCE is not given (a leak report is logged and the context stays
+ *         usable); ::GPUMEM_ERR_INVALID_ARGUMENT.
+ * Not thread-safe with respect to other calls on the same context.
+ */
+GPUMEM_API gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags);
+
+/**
+ * \brief Number of devices visible to the context's backend.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_device_count(gpumem_context *ctx, int *count);
+
+/**
+ * \brief Information about one visible device.
+ * \param info its `struct_size` must be set (or 0 for the current size).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND.
+ * Thread-safe. Restores the caller's current device.
+ */
+GPUMEM_API gpumem_status gpumem_device_get_info(gpumem_context *ctx, int device, gpumem_device_info *info);
+
+/**
+ * \brief Name of the backend in use ("cuda", "hip", "sim" or a custom backend's name).
+ * \return a string valid for the context's lifetime; "" if ctx is NULL. Thread-safe.
+ */
+GPUMEM_API const char *gpumem_backend_name(const gpumem_context *ctx);
+
+/* ---------------------------------------------------------------------- */
+/* Allocation                                                              */
+
+/**
+ * \brief Allocate device memory, ready for work queued on `stream`.
+ * \param device  visible device ordinal.
+ * \param size    bytes; 0 gives ::GPUMEM_OK and *out_ptr = NULL.
+ * \param stream  the stream the memory will be used on (NULL = default stream).
+ * \param out_ptr receives a pointer aligned to at least 256 bytes.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY; ::GPUMEM_ERR_LIMIT_EXCEEDED; ::GPUMEM_ERR_BACKEND.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, void **out_ptr);
+
+/**
+ * \brief Free memory from gpumem_alloc(), in order on `stream`.
+ *
+ * The block may serve a later allocation on `stream` at once, and on another
+ * stream only after the work queued on `stream` before this call completed.
+ * \return ::GPUMEM_OK (also for NULL); ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL);
+ *         ::GPUMEM_ERR_INVALID_POINTER (not from this context, already freed, or interior); ::GPUMEM_ERR_BACKEND.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
+
+/**
+ * \brief Look up a live allocation.
+ * \param ptr    a pointer returned by gpumem_alloc() (start of the block).
+ * \param size   receives the requested size; may be NULL.
+ * \param device receives the device; may be NULL.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_POINTER.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device);
+
+/* ---------------------------------------------------------------------- */
+/* Scoped handles                                                          */
+
+/** \brief An owned allocation, released by gpumem_buffer_release(). */
+typedef struct gpumem_buffer {
+  gpumem_context *ctx;  /**< owning context; NULL when empty */
+  void *ptr;            /**< device pointer; NULL when empty */
+  size_t size;          /**< requested size */
+  int device;           /**< device ordinal */
+  gpumem_stream stream; /**< stream used for allocation and release */
+} gpumem_buffer;
+
+/**
+ * \brief Allocate into a buffer handle.
+ * \param out receives the buffer; untouched on failure.
+ * \return as gpumem_alloc(). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_buffer_alloc(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, gpumem_buffer *out);
+
+/**
+ * \brief Free the buffer's memory on its stream and zero `*buf`. NULL, an
+ *        empty or already released buffer are harmless.
+ * Thread-safe for different buffers.
+ */
+GPUMEM_API void gpumem_buffer_release(gpumem_buffer *buf);
+
+#if defined(__GNUC__) || defined(__clang__)
+/** \brief Declare a ::gpumem_buffer released automatically at the end of its C scope (GCC, Clang). */
+#  define GPUMEM_SCOPED __attribute__((cleanup(gpumem_buffer_release)))
+#endif
+
+/** \brief A region: everything allocated in it is freed at gpumem_scope_end(). */
+typedef struct gpumem_scope gpumem_scope;
+
+/**
+ * \brief Begin a scope on one device and stream.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_OUT_OF_MEMORY (host).
+ * Thread-safe; a scope itself must be used by one thread at a time.
+ */
+GPUMEM_API gpumem_status gpumem_scope_begin(gpumem_context *ctx, int device, gpumem_stream stream, gpumem_scope **out);
+
+/**
+ * \brief Allocate in a scope (freed at gpumem_scope_end()).
+ * \return as gpumem_alloc(); ::GPUMEM_ERR_INVALID_ARGUMENT if scope or out_ptr is NULL.
+ */
+GPUMEM_API gpumem_status gpumem_scope_alloc(gpumem_scope *scope, size_t size, void **out_ptr);
+
+/**
+ * \brief End a scope: free everything allocated in it, then the scope itself.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL); the first error of a
+ *         free (the scope is still ended and every other block freed).
+ */
+GPUMEM_API gpumem_status gpumem_scope_end(gpumem_scope *scope);
+
+/* ---------------------------------------------------------------------- */
+/* Trimming, reset                                                         */
+
+/**
+ * \brief Give cached memory back to the backend, keeping at most `keep_bytes` cached per device.
+ * \param device   a device or ::GPUMEM_ALL_DEVICES.
+ * \param released receives the bytes given back; may be NULL.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND.
+ * Waits for pending cross-stream frees to complete first. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, uint64_t *released);
+
+/**
+ * \brief Synchronise a device, invalidate every live allocation on it and give all its memory back.
+ * \param device a device or ::GPUMEM_ALL_DEVICES.
+ * \param flags  0 or ::GPUMEM_RESET_DEVICE (dangerous: also resets the device for the whole process).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
+ *         ::GPUMEM_ERR_NOT_SUPPORTED (RESET_DEVICE on a backend without device reset); ::GPUMEM_ERR_BACKEND.
+ * Later frees of invalidated pointers return ::GPUMEM_ERR_INVALID_POINTER. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags);
+
+/* ---------------------------------------------------------------------- */
+/* Statistics                                                              */
+
+/**
+ * \brief Statistics of one device, or the sum over all with ::GPUMEM_ALL_DEVICES.
+ * \param out its `struct_size` must be set (or 0 for the current size).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *out);
+
+/**
+ * \brief Reset allocated_peak and reserved_peak to the current values.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_reset_peak_stats(gpumem_context *ctx, int device);
+
+/* ---------------------------------------------------------------------- */
+/* Framework entry points (PyTorch CUDAPluggableAllocator)                 */
+
+/**
+ * \brief PyTorch pluggable-allocator malloc on one process-wide context
+ *        created on first use from the environment.
+ * \return the pointer, or NULL on failure. Thread-safe.
+ */
+GPUMEM_API void *gpumem_torch_alloc(size_t size, int device, void *stream);
+
+/** \brief PyTorch pluggable-allocator free on the process-wide context. Thread-safe. */
+GPUMEM_API void gpumem_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/**
+ * \brief The process-wide context used by gpumem_torch_alloc(), created on first use.
+ * \return ::GPUMEM_OK; any status of gpumem_create(). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_global_context(gpumem_context **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_H */

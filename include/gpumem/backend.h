@@ -1,0 +1,153 @@
+/**
+ * \file gpumem/backend.h
+ * \brief The backend vtable, for backend authors (CUDA, HIP, sim, or your own).
+ *
+ * The core of libgpumem calls the device only through this table. A backend
+ * fills one ::gpumem_backend; the core copies the struct at gpumem_create().
+ *
+ * Rules (after SQLite's VFS and jemalloc's extent hooks):
+ * - `version` comes first; methods are only ever appended, each group
+ *   marked with the version that added it. The core checks
+ *   `version >= N && method != NULL` before calling a later method.
+ * - Every method takes the vtable itself first (the core's copy: use
+ *   `user_data` for state) and returns 0 on success or a backend error code
+ *   (for example a cudaError_t). `error_status` maps such a code to a
+ *   ::gpumem_status and `error_string` gives its message.
+ * - Optional methods may be NULL: the core then does without them
+ *   (no virtual memory, no device reset, ...).
+ * - Device numbers are the backend's visible ordinals. Methods that need a
+ *   device current must set it themselves and restore the caller's current
+ *   device before returning, so that no context is created on a device that
+ *   was not named.
+ * - No toolkit header is included here.
+ */
+#ifndef GPUMEM_BACKEND_H
+#define GPUMEM_BACKEND_H
+
+#include "../gpumem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** \brief The vtable version this header describes. */
+#define GPUMEM_BACKEND_VERSION 1
+
+/** \brief An event handle (cudaEvent_t, hipEvent_t, or the backend's own). */
+typedef void *gpumem_event;
+
+/** \brief A physical memory handle for the virtual-memory methods. */
+typedef uint64_t gpumem_phys_handle;
+
+typedef struct gpumem_backend gpumem_backend;
+
+/** \brief Device description filled by gpumem_backend::device_info. */
+typedef struct gpumem_backend_device_info {
+  char name[256];       /**< device name */
+  char uuid[64];        /**< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+  char pci_bus_id[32];  /**< "0000:17:00.0" */
+  uint64_t total_bytes; /**< total device memory */
+  int physical_index;   /**< index before CUDA_VISIBLE_DEVICES remapping, -1 if unknown */
+} gpumem_backend_device_info;
+
+/** \brief `int init(gpumem_backend *be)`: probe the driver; return non-zero (mapped by error_status, normally to ::GPUMEM_ERR_NO_BACKEND) if unusable. */
+typedef int (*gpumem_backend_init_fn)(gpumem_backend *be);
+/** \brief `void shutdown(gpumem_backend *be)`: release what init took. */
+typedef void (*gpumem_backend_shutdown_fn)(gpumem_backend *be);
+/** \brief `int device_count(gpumem_backend *be, int *count)`. */
+typedef int (*gpumem_backend_device_count_fn)(gpumem_backend *be, int *count);
+/** \brief `int device_info(gpumem_backend *be, int device, gpumem_backend_device_info *info)`. */
+typedef int (*gpumem_backend_device_info_fn)(gpumem_backend *be, int device, gpumem_backend_device_info *info);
+/** \brief `int mem_get_info(gpumem_backend *be, int device, uint64_t *free_bytes, uint64_t *total_bytes)`. */
+typedef int (*gpumem_backend_mem_get_info_fn)(gpumem_backend *be, int device, uint64_t *free_bytes, uint64_t *total_bytes);
+/** \brief `int malloc(gpumem_backend *be, int device, size_t size, void **ptr)`: plain device memory, aligned to at least 256 bytes. */
+typedef int (*gpumem_backend_malloc_fn)(gpumem_backend *be, int device, size_t size, void **ptr);
+/** \brief `int free(gpumem_backend *be, int device, void *ptr)`. */
+typedef int (*gpumem_backend_free_fn)(gpumem_backend *be, int device, void *ptr);
+/** \brief `int event_create(gpumem_backend *be, int device, gpumem_event *ev)`: an event for ordering only (no timing). */
+typedef int (*gpumem_backend_event_create_fn)(gpumem_backend *be, int device, gpumem_event *ev);
+/** \brief `int event_destroy(gpumem_backend *be, int device, gpumem_event ev)`. */
+typedef int (*gpumem_backend_event_destroy_fn)(gpumem_backend *be, int device, gpumem_event ev);
+/** \brief `int event_record(gpumem_backend *be, int device, gpumem_event ev, gpumem_stream stream)`. */
+typedef int (*gpumem_backend_event_record_fn)(gpumem_backend *be, int device, gpumem_event ev, gpumem_stream stream);
+/** \brief `int event_query(gpumem_backend *be, int device, gpumem_event ev, int *complete)`: *complete = 1 when the work before the record has finished. */
+typedef int (*gpumem_backend_event_query_fn)(gpumem_backend *be, int device, gpumem_event ev, int *complete);
+/** \brief `int event_synchronize(gpumem_backend *be, int device, gpumem_event ev)`: wait for the event. */
+typedef int (*gpumem_backend_event_synchronize_fn)(gpumem_backend *be, int device, gpumem_event ev);
+/** \brief `int stream_synchronize(gpumem_backend *be, int device, gpumem_stream stream)`. */
+typedef int (*gpumem_backend_stream_synchronize_fn)(gpumem_backend *be, int device, gpumem_stream stream);
+/** \brief `int device_synchronize(gpumem_backend *be, int device)`. */
+typedef int (*gpumem_backend_device_synchronize_fn)(gpumem_backend *be, int device);
+/** \brief `int device_reset(gpumem_backend *be, int device)`: optional (NULL = not supported); destroys every allocation of the process on the device. */
+typedef int (*gpumem_backend_device_reset_fn)(gpumem_backend *be, int device);
+/** \brief `gpumem_status error_status(const gpumem_backend *be, int code)`: map a backend code (non-zero) to ::GPUMEM_ERR_OUT_OF_MEMORY, ::GPUMEM_ERR_NO_BACKEND, ::GPUMEM_ERR_INVALID_DEVICE or ::GPUMEM_ERR_BACKEND. NULL = always ::GPUMEM_ERR_BACKEND. */
+typedef gpumem_status (*gpumem_backend_error_status_fn)(const gpumem_backend *be, int code);
+/** \brief `const char *error_string(const gpumem_backend *be, int code)`: static message for a code. */
+typedef const char *(*gpumem_backend_error_string_fn)(const gpumem_backend *be, int code);
+
+/** \brief `int vm_granularity(gpumem_backend *be, int device, size_t *granularity)`: physical chunk granularity (e.g. 2 MiB). */
+typedef int (*gpumem_backend_vm_granularity_fn)(gpumem_backend *be, int device, size_t *granularity);
+/** \brief `int vm_reserve(gpumem_backend *be, int device, size_t size, void **va)`: reserve an address range (no memory behind it). */
+typedef int (*gpumem_backend_vm_reserve_fn)(gpumem_backend *be, int device, size_t size, void **va);
+/** \brief `int vm_release(gpumem_backend *be, int device, void *va, size_t size)`: release a reserved range (everything unmapped first). */
+typedef int (*gpumem_backend_vm_release_fn)(gpumem_backend *be, int device, void *va, size_t size);
+/** \brief `int vm_create(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h)`: create a physical chunk (size a multiple of the granularity). */
+typedef int (*gpumem_backend_vm_create_fn)(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h);
+/** \brief `int vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h)`: release a physical chunk (memory returns to the device once also unmapped). */
+typedef int (*gpumem_backend_vm_destroy_fn)(gpumem_backend *be, int device, gpumem_phys_handle h);
+/** \brief `int vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h)`: map a chunk at va and make it readable and writable by the device. */
+typedef int (*gpumem_backend_vm_map_fn)(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h);
+/** \brief `int vm_unmap(gpumem_backend *be, int device, void *va, size_t size)`: unmap a range mapped by vm_map. */
+typedef int (*gpumem_backend_vm_unmap_fn)(gpumem_backend *be, int device, void *va, size_t size);
+
+/**
+ * \brief A backend: data members first, then methods (version 1).
+ */
+struct gpumem_backend {
+  uint32_t version;    /**< ::GPUMEM_BACKEND_VERSION the backend was written for (>= 1) */
+  uint32_t struct_size;/**< sizeof(gpumem_backend) as the backend author compiled it */
+  const char *name;    /**< "cuda", "hip", "sim", or the custom backend's name */
+  void *user_data;     /**< backend state; the core never touches it */
+
+  /* ---- version 1: required ---- */
+  gpumem_backend_init_fn init;                             /**< optional: NULL = nothing to probe */
+  gpumem_backend_shutdown_fn shutdown;                     /**< optional */
+  gpumem_backend_device_count_fn device_count;             /**< required */
+  gpumem_backend_device_info_fn device_info;               /**< required */
+  gpumem_backend_mem_get_info_fn mem_get_info;             /**< required */
+  gpumem_backend_malloc_fn malloc;                         /**< required */
+  gpumem_backend_free_fn free;                             /**< required */
+  gpumem_backend_event_create_fn event_create;             /**< optional: NULL = streams are treated as ordered by device_synchronize */
+  gpumem_backend_event_destroy_fn event_destroy;           /**< optional with event_create */
+  gpumem_backend_event_record_fn event_record;             /**< optional with event_create */
+  gpumem_backend_event_query_fn event_query;               /**< optional with event_create */
+  gpumem_backend_event_synchronize_fn event_synchronize;   /**< optional with event_create */
+  gpumem_backend_stream_synchronize_fn stream_synchronize; /**< optional */
+  gpumem_backend_device_synchronize_fn device_synchronize; /**< required */
+  gpumem_backend_device_reset_fn device_reset;             /**< optional: NULL = GPUMEM_RESET_DEVICE not supported */
+  gpumem_backend_error_status_fn error_status;             /**< optional */
+  gpumem_backend_error_string_fn error_string;             /**< optional */
+
+  /* ---- version 1: virtual memory, all optional (NULL = not supported) ---- */
+  gpumem_backend_vm_granularity_fn vm_granularity; /**< optional */
+  gpumem_backend_vm_reserve_fn vm_reserve;         /**< optional */
+  gpumem_backend_vm_release_fn vm_release;         /**< optional */
+  gpumem_backend_vm_create_fn vm_create;           /**< optional */
+  gpumem_backend_vm_destroy_fn vm_destroy;         /**< optional */
+  gpumem_backend_vm_map_fn vm_map;                 /**< optional */
+  gpumem_backend_vm_unmap_fn vm_unmap;             /**< optional */
+};
+
+/**
+ * \brief The built-in backends compiled into this library.
+ * \param name "sim", "cuda" or "hip".
+ * \return a pointer to the static vtable, or NULL if that backend is not built.
+ * Thread-safe. Useful to wrap a built-in backend (tracing, fault injection).
+ */
+GPUMEM_API const gpumem_backend *gpumem_builtin_backend(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_BACKEND_H */

@@ -1,0 +1,99 @@
+/**
+ * \file gpumem/sim.h
+ * \brief Controls of the host simulator backend ("sim"), for tests.
+ *
+ * The sim backend simulates devices in host memory. Its state is
+ * process-wide (like a real GPU driver): every context using "sim" sees the
+ * same devices, memory and streams. The devices are (re)read from
+ * `GPUMEM_SIM_DEVICES` and `CUDA_VISIBLE_DEVICES` when the first context
+ * using sim is created after none was alive (or at gpumem_sim_reinit()).
+ *
+ * Streams are opaque tokens: any pointer value is a stream (NULL is the
+ * default stream). Events complete at once unless delayed mode is on; then
+ * an event recorded on a stream completes only when the test completes the
+ * stream's work with gpumem_sim_stream_complete(), or when the stream or the
+ * device is synchronised (the simulated wait "waits" by completing it).
+ */
+#ifndef GPUMEM_SIM_H
+#define GPUMEM_SIM_H
+
+#include "../gpumem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** \brief Sim backend error codes (returned by its vtable methods). */
+typedef enum gpumem_sim_error {
+  GPUMEM_SIM_OK = 0,                /**< success */
+  GPUMEM_SIM_ERR_OUT_OF_MEMORY = 2, /**< capacity exhausted (maps to ::GPUMEM_ERR_OUT_OF_MEMORY) */
+  GPUMEM_SIM_ERR_INVALID_VALUE = 1, /**< bad argument (maps to ::GPUMEM_ERR_BACKEND) */
+  GPUMEM_SIM_ERR_INVALID_DEVICE = 101, /**< bad device (maps to ::GPUMEM_ERR_INVALID_DEVICE) */
+  GPUMEM_SIM_ERR_NO_DEVICE = 100,   /**< no visible device (maps to ::GPUMEM_ERR_NO_BACKEND) */
+  GPUMEM_SIM_ERR_INJECTED = 999     /**< an injected generic fault (maps to ::GPUMEM_ERR_BACKEND) */
+} gpumem_sim_error;
+
+/** \brief Kinds of backend call that faults can be injected into. */
+typedef enum gpumem_sim_call {
+  GPUMEM_SIM_CALL_MALLOC = 0, /**< malloc and vm_create */
+  GPUMEM_SIM_CALL_FREE = 1,   /**< free and vm_destroy */
+  GPUMEM_SIM_CALL_EVENT = 2,  /**< event create/record/query/synchronize */
+  GPUMEM_SIM_CALL_INFO = 3,   /**< device_info and mem_get_info */
+  GPUMEM_SIM_CALL_SYNC = 4,   /**< stream/device synchronize */
+  GPUMEM_SIM_CALL_MAP = 5,    /**< vm_reserve, vm_map, vm_unmap */
+  GPUMEM_SIM_CALL_KINDS_ = 6  /**< number of kinds (not a kind) */
+} gpumem_sim_call;
+
+/**
+ * \brief Fail the `nth` next call (1 = the very next) of a kind with `error`.
+ * \param repeat 0: fail once; non-zero: fail that call and every later call of the kind until cleared.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a bad kind or nth < 1.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_fail_nth(gpumem_sim_call kind, uint64_t nth, int error, int repeat);
+
+/** \brief Clear every injected fault. Thread-safe. */
+GPUMEM_API void gpumem_sim_fail_clear(void);
+
+/** \brief Number of calls of a kind made since the sim state was created (counts failed calls too). Thread-safe. */
+GPUMEM_API uint64_t gpumem_sim_call_count(gpumem_sim_call kind);
+
+/**
+ * \brief Delayed-completion mode: when on, events recorded on a stream stay
+ *        pending until the stream's work is completed explicitly.
+ * Thread-safe.
+ */
+GPUMEM_API void gpumem_sim_set_delayed(int on);
+
+/** \brief Complete all work queued so far on one stream of one device (device -1 = every device). Thread-safe. */
+GPUMEM_API void gpumem_sim_stream_complete(int device, gpumem_stream stream);
+
+/** \brief Complete all work on every stream of every device. Thread-safe. */
+GPUMEM_API void gpumem_sim_complete_all(void);
+
+/**
+ * \brief Bytes the sim backend has handed out on a visible device (plain and
+ *        virtual-memory chunks), i.e. what a real device would show as used by this process.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NO_BACKEND (sim not initialised).
+ */
+GPUMEM_API gpumem_status gpumem_sim_used_bytes(int device, uint64_t *used);
+
+/**
+ * \brief Simulate memory taken by someone else (another process) on a
+ *        visible device: it reduces the device's free memory.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_OUT_OF_MEMORY; ::GPUMEM_ERR_NO_BACKEND.
+ */
+GPUMEM_API gpumem_status gpumem_sim_set_external_usage(int device, uint64_t bytes);
+
+/**
+ * \brief Re-read `GPUMEM_SIM_DEVICES` and `CUDA_VISIBLE_DEVICES` now.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_BUSY if a context using sim is alive;
+ *         ::GPUMEM_ERR_INVALID_ARGUMENT if the variables do not parse.
+ */
+GPUMEM_API gpumem_status gpumem_sim_reinit(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_SIM_H */
