@@ -314,6 +314,15 @@ GPUMEM_API gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stre
  */
 GPUMEM_API gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device);
 
+/**
+ * \brief Allocate like gpumem_alloc() and attach a tag, shown in leak reports.
+ * \param tag a NUL-terminated string that must stay valid while the block is
+ *            live (a string literal is typical); NULL = no tag.
+ * \return as gpumem_alloc(). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                             const char *tag, void **out_ptr);
+
 /* ---------------------------------------------------------------------- */
 /* Scoped handles                                                          */
 
@@ -360,6 +369,13 @@ GPUMEM_API gpumem_status gpumem_scope_begin(gpumem_context *ctx, int device, gpu
  * \return as gpumem_alloc(); ::GPUMEM_ERR_INVALID_ARGUMENT if scope or out_ptr is NULL.
  */
 GPUMEM_API gpumem_status gpumem_scope_alloc(gpumem_scope *scope, size_t size, void **out_ptr);
+
+/**
+ * \brief Tag every later allocation of a scope (shown in leak reports).
+ * \param tag must stay valid until the scope ends; NULL clears it.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT if scope is NULL.
+ */
+GPUMEM_API gpumem_status gpumem_scope_set_tag(gpumem_scope *scope, const char *tag);
 
 /**
  * \brief End a scope: free everything allocated in it, then the scope itself.

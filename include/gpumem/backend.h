@@ -80,7 +80,7 @@ typedef int (*gpumem_backend_stream_synchronize_fn)(gpumem_backend *be, int devi
 typedef int (*gpumem_backend_device_synchronize_fn)(gpumem_backend *be, int device);
 /** \brief `int device_reset(gpumem_backend *be, int device)`: optional (NULL = not supported); destroys every allocation of the process on the device. */
 typedef int (*gpumem_backend_device_reset_fn)(gpumem_backend *be, int device);
-/** \brief `gpumem_status error_status(const gpumem_backend *be, int code)`: map a backend code (non-zero) to ::GPUMEM_ERR_OUT_OF_MEMORY, ::GPUMEM_ERR_NO_BACKEND, ::GPUMEM_ERR_INVALID_DEVICE or ::GPUMEM_ERR_BACKEND. NULL = always ::GPUMEM_ERR_BACKEND. */
+/** \brief `gpumem_status error_status(const gpumem_backend *be, int code)`: map a backend code (non-zero) to ::GPUMEM_ERR_OUT_OF_MEMORY, ::GPUMEM_ERR_NO_BACKEND, ::GPUMEM_ERR_INVALID_DEVICE, ::GPUMEM_ERR_INVALID_ARGUMENT (bad configuration, e.g. environment) or ::GPUMEM_ERR_BACKEND. NULL = always ::GPUMEM_ERR_BACKEND. */
 typedef gpumem_status (*gpumem_backend_error_status_fn)(const gpumem_backend *be, int code);
 /** \brief `const char *error_string(const gpumem_backend *be, int code)`: static message for a code. */
 typedef const char *(*gpumem_backend_error_string_fn)(const gpumem_backend *be, int code);

@@ -26,8 +26,9 @@ extern "C" {
 /** \brief Sim backend error codes (returned by its vtable methods). */
 typedef enum gpumem_sim_error {
   GPUMEM_SIM_OK = 0,                /**< success */
-  GPUMEM_SIM_ERR_OUT_OF_MEMORY = 2, /**< capacity exhausted (maps to ::GPUMEM_ERR_OUT_OF_MEMORY) */
   GPUMEM_SIM_ERR_INVALID_VALUE = 1, /**< bad argument (maps to ::GPUMEM_ERR_BACKEND) */
+  GPUMEM_SIM_ERR_OUT_OF_MEMORY = 2, /**< capacity exhausted (maps to ::GPUMEM_ERR_OUT_OF_MEMORY) */
+  GPUMEM_SIM_ERR_BAD_ENV = 3,       /**< GPUMEM_SIM_DEVICES does not parse (maps to ::GPUMEM_ERR_INVALID_ARGUMENT; its message names the variable) */
   GPUMEM_SIM_ERR_INVALID_DEVICE = 101, /**< bad device (maps to ::GPUMEM_ERR_INVALID_DEVICE) */
   GPUMEM_SIM_ERR_NO_DEVICE = 100,   /**< no visible device (maps to ::GPUMEM_ERR_NO_BACKEND) */
   GPUMEM_SIM_ERR_INJECTED = 999     /**< an injected generic fault (maps to ::GPUMEM_ERR_BACKEND) */
