@@ -1,0 +1,429 @@
+/**
+ * \file gpumem.hpp
+ * \brief Header-only C++17 RAII wrappers over the libgpumem C API.
+ *
+ * \code
+ * gpumem::context ctx("sim");                       // or ctx(cfg), or ctx() for defaults
+ * gpumem::buffer b = ctx.alloc(1 << 20, 0);          // freed when b goes out of scope
+ * {
+ *   gpumem::scope s = ctx.scope(0);
+ *   void *tmp = s.alloc(4096);                       // freed when s goes out of scope
+ * }
+ * ctx.trim(GPUMEM_ALL_DEVICES, 0);
+ * gpumem_stats st = ctx.stats(0);
+ * \endcode
+ *
+ * Every failing call throws gpumem::error, which carries the ::gpumem_status.
+ * Destructors never throw. All classes are move-only; a moved-from object is
+ * empty and its destructor does nothing.
+ *
+ * Lifetime rule: a gpumem::context must outlive every gpumem::buffer and
+ * gpumem::scope made from it (declare the context first, so that it is
+ * destroyed last).
+ *
+ * Thread safety is that of the C functions wrapped: a context may be used by
+ * many threads at once; one buffer or scope object must be used by one thread
+ * at a time.
+ */
+#ifndef GPUMEM_HPP
+#define GPUMEM_HPP
+
+#include "gpumem.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+/** \brief C++ RAII wrappers of libgpumem. */
+namespace gpumem {
+
+/**
+ * \brief Exception thrown by the wrappers when a C call returns a status other than ::GPUMEM_OK.
+ *
+ * what() reads "<function>: <GPUMEM_ERR_...>: <sentence>".
+ */
+class error : public std::runtime_error {
+public:
+  /**
+   * \brief Make an error for a failing call.
+   * \param s    the status returned.
+   * \param what the name of the C function that failed, e.g. "gpumem_alloc".
+   */
+  error(gpumem_status s, const char *what)
+      : std::runtime_error(std::string(what ? what : "gpumem") + ": " + gpumem_status_name(s) + ": " +
+                           gpumem_strerror(s)),
+        status_(s) {}
+
+  /** \brief The ::gpumem_status of the failing call. */
+  gpumem_status status() const noexcept { return status_; }
+
+  /** \brief The status name, e.g. "GPUMEM_ERR_OUT_OF_MEMORY". */
+  const char *name() const noexcept { return gpumem_status_name(status_); }
+
+private:
+  gpumem_status status_;
+};
+
+/**
+ * \brief Throw gpumem::error if `s` is not ::GPUMEM_OK.
+ * \param s    a status returned by a C function.
+ * \param what the function's name, used in the message.
+ */
+inline void check(gpumem_status s, const char *what) {
+  if (s != GPUMEM_OK) throw error(s, what);
+}
+
+/**
+ * \brief An owned allocation (wraps ::gpumem_buffer); freed on its stream when destroyed.
+ *
+ * Made by context::alloc(). Move-only.
+ */
+class buffer {
+public:
+  /** \brief An empty buffer (get() is nullptr). */
+  buffer() noexcept : b_{} {}
+
+  /** \brief Take ownership of a C buffer filled by gpumem_buffer_alloc(); `b` is left empty. */
+  explicit buffer(gpumem_buffer &&b) noexcept : b_(b) { b = gpumem_buffer{}; }
+
+  /** \brief Move: `other` is left empty. */
+  buffer(buffer &&other) noexcept : b_(other.b_) { other.b_ = gpumem_buffer{}; }
+
+  /** \brief Move assignment: frees the memory held so far, then takes `other`'s. */
+  buffer &operator=(buffer &&other) noexcept {
+    if (this != &other) {
+      gpumem_buffer_release(&b_);
+      b_ = other.b_;
+      other.b_ = gpumem_buffer{};
+    }
+    return *this;
+  }
+
+  buffer(const buffer &) = delete;            ///< not copyable
+  buffer &operator=(const buffer &) = delete; ///< not copyable
+
+  /** \brief Frees the memory (gpumem_buffer_release()); errors are ignored. */
+  ~buffer() { gpumem_buffer_release(&b_); }
+
+  /** \brief The device pointer; nullptr when empty (also for a 0-byte allocation). */
+  void *get() const noexcept { return b_.ptr; }
+
+  /** \brief The device pointer as `T *`. */
+  template <class T> T *as() const noexcept { return static_cast<T *>(b_.ptr); }
+
+  /** \brief The size requested, in bytes; 0 when empty. */
+  std::size_t size() const noexcept { return b_.size; }
+
+  /** \brief The device ordinal of the allocation. */
+  int device() const noexcept { return b_.device; }
+
+  /** \brief The stream the memory was allocated on and will be freed on. */
+  gpumem_stream stream() const noexcept { return b_.stream; }
+
+  /** \brief True when the buffer holds memory. */
+  explicit operator bool() const noexcept { return b_.ptr != nullptr; }
+
+  /** \brief The underlying C handle (still owned by this object). */
+  const gpumem_buffer &c_buffer() const noexcept { return b_; }
+
+  /** \brief Free the memory now (on its stream) and leave the buffer empty; harmless when empty. */
+  void release() noexcept { gpumem_buffer_release(&b_); }
+
+  /**
+   * \brief Give up ownership without freeing: returns the C handle and leaves this object empty.
+   *
+   * The caller must later pass the handle to gpumem_buffer_release().
+   */
+  gpumem_buffer detach() noexcept {
+    gpumem_buffer out = b_;
+    b_ = gpumem_buffer{};
+    return out;
+  }
+
+private:
+  gpumem_buffer b_;
+};
+
+/**
+ * \brief A region (wraps ::gpumem_scope): everything allocated in it is freed when it ends.
+ *
+ * Made by context::scope(). Ends in its destructor, or earlier with end().
+ * Move-only; used by one thread at a time.
+ */
+class scope {
+public:
+  /** \brief An empty (already ended) scope. */
+  scope() noexcept = default;
+
+  /** \brief Take ownership of a scope from gpumem_scope_begin(). */
+  explicit scope(gpumem_scope *s) noexcept : s_(s) {}
+
+  /** \brief Move: `other` is left empty. */
+  scope(scope &&other) noexcept : s_(std::exchange(other.s_, nullptr)) {}
+
+  /** \brief Move assignment: ends the scope held so far, then takes `other`'s. */
+  scope &operator=(scope &&other) noexcept {
+    if (this != &other) {
+      if (s_) (void)gpumem_scope_end(s_);
+      s_ = std::exchange(other.s_, nullptr);
+    }
+    return *this;
+  }
+
+  scope(const scope &) = delete;            ///< not copyable
+  scope &operator=(const scope &) = delete; ///< not copyable
+
+  /** \brief Ends the scope, freeing everything allocated in it; errors are ignored. */
+  ~scope() {
+    if (s_) (void)gpumem_scope_end(s_);
+  }
+
+  /**
+   * \brief Allocate `bytes` in the scope, freed when the scope ends.
+   * \return the device pointer (nullptr for 0 bytes).
+   * \throws gpumem::error with ::GPUMEM_ERR_INVALID_ARGUMENT when the scope has
+   *         ended, or any status of gpumem_scope_alloc().
+   */
+  void *alloc(std::size_t bytes) {
+    if (!s_) throw error(GPUMEM_ERR_INVALID_ARGUMENT, "gpumem_scope_alloc");
+    void *p = nullptr;
+    check(gpumem_scope_alloc(s_, bytes, &p), "gpumem_scope_alloc");
+    return p;
+  }
+
+  /** \brief Allocate `count` objects of type T in the scope. \throws gpumem::error as alloc(). */
+  template <class T> T *alloc_n(std::size_t count) { return static_cast<T *>(alloc(count * sizeof(T))); }
+
+  /**
+   * \brief Tag every later allocation of the scope (shown in leak reports).
+   * \param tag must stay valid until the scope ends; nullptr clears it.
+   * \throws gpumem::error when the scope has ended.
+   */
+  void set_tag(const char *tag) {
+    if (!s_) throw error(GPUMEM_ERR_INVALID_ARGUMENT, "gpumem_scope_set_tag");
+    check(gpumem_scope_set_tag(s_, tag), "gpumem_scope_set_tag");
+  }
+
+  /**
+   * \brief End the scope now, freeing everything allocated in it. Harmless when already ended.
+   * \throws gpumem::error with the first error of a free; the scope is ended anyway.
+   */
+  void end() {
+    if (!s_) return;
+    gpumem_scope *s = std::exchange(s_, nullptr);
+    check(gpumem_scope_end(s), "gpumem_scope_end");
+  }
+
+  /** \brief True while the scope has not ended. */
+  explicit operator bool() const noexcept { return s_ != nullptr; }
+
+  /** \brief The underlying C handle (still owned by this object); nullptr when ended. */
+  gpumem_scope *get() const noexcept { return s_; }
+
+private:
+  gpumem_scope *s_ = nullptr;
+};
+
+/**
+ * \brief A libgpumem context (wraps ::gpumem_context). Move-only.
+ *
+ * The destructor destroys the context normally; if allocations are still
+ * live (::GPUMEM_ERR_BUSY, a leak report is logged) it destroys it again
+ * with ::GPUMEM_DESTROY_FORCE, so that the memory always goes back. Call
+ * destroy() to see the status instead.
+ */
+class context {
+public:
+  /**
+   * \brief Create a context with the default configuration (backend "auto"; `GPUMEM_*` environment applies).
+   * \throws gpumem::error with any status of gpumem_create().
+   */
+  context() { check(gpumem_create(nullptr, &ctx_), "gpumem_create"); }
+
+  /**
+   * \brief Create a context on a named backend ("auto", "cuda", "hip", "sim"), other settings default.
+   * \param backend the backend name; nullptr = "auto". `GPUMEM_BACKEND` still overrides it.
+   * \throws gpumem::error with any status of gpumem_create().
+   */
+  explicit context(const char *backend) {
+    gpumem_config cfg;
+    gpumem_config_init(&cfg);
+    cfg.backend = backend;
+    check(gpumem_create(&cfg, &ctx_), "gpumem_create");
+  }
+
+  /** \brief As context(const char *). \throws gpumem::error with any status of gpumem_create(). */
+  explicit context(const std::string &backend) : context(backend.c_str()) {}
+
+  /**
+   * \brief Create a context from a full configuration (start from gpumem_config_init()).
+   * \throws gpumem::error with any status of gpumem_create().
+   */
+  explicit context(const gpumem_config &cfg) { check(gpumem_create(&cfg, &ctx_), "gpumem_create"); }
+
+  /** \brief Take ownership of a context made with gpumem_create(). */
+  static context adopt(gpumem_context *raw) noexcept { return context(raw, adopt_tag{}); }
+
+  /** \brief Move: `other` is left empty. */
+  context(context &&other) noexcept : ctx_(std::exchange(other.ctx_, nullptr)) {}
+
+  /** \brief Move assignment: destroys the context held so far (as the destructor does), then takes `other`'s. */
+  context &operator=(context &&other) noexcept {
+    if (this != &other) {
+      close_noexcept();
+      ctx_ = std::exchange(other.ctx_, nullptr);
+    }
+    return *this;
+  }
+
+  context(const context &) = delete;            ///< not copyable
+  context &operator=(const context &) = delete; ///< not copyable
+
+  /** \brief Destroys the context; forces (::GPUMEM_DESTROY_FORCE) when allocations are still live. */
+  ~context() { close_noexcept(); }
+
+  /**
+   * \brief Destroy the context now.
+   * \param flags 0 or ::GPUMEM_DESTROY_FORCE.
+   * \throws gpumem::error with ::GPUMEM_ERR_BUSY when live allocations remain and
+   *         FORCE is not given: the context then stays owned and usable.
+   */
+  void destroy(unsigned flags = 0) {
+    if (!ctx_) return;
+    check(gpumem_destroy(ctx_, flags), "gpumem_destroy");
+    ctx_ = nullptr;
+  }
+
+  /** \brief The raw C handle (still owned by this object); nullptr when empty. */
+  gpumem_context *get() const noexcept { return ctx_; }
+
+  /** \brief Give up ownership: returns the raw handle, which the caller must gpumem_destroy(). */
+  gpumem_context *release() noexcept { return std::exchange(ctx_, nullptr); }
+
+  /** \brief True when the object owns a context. */
+  explicit operator bool() const noexcept { return ctx_ != nullptr; }
+
+  /** \brief The backend's name ("cuda", "hip", "sim", ...); "" when empty. */
+  const char *backend_name() const noexcept { return gpumem_backend_name(ctx_); }
+
+  /** \brief Number of visible devices. \throws gpumem::error. */
+  int device_count() const {
+    int n = 0;
+    check(gpumem_device_count(ctx_, &n), "gpumem_device_count");
+    return n;
+  }
+
+  /**
+   * \brief Information about a visible device (name, UUID, PCI bus id, total and free bytes).
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_DEVICE, ::GPUMEM_ERR_BACKEND, ...).
+   */
+  gpumem_device_info device_info(int device) const {
+    gpumem_device_info info{};
+    info.struct_size = sizeof info;
+    check(gpumem_device_get_info(ctx_, device, &info), "gpumem_device_get_info");
+    return info;
+  }
+
+  /**
+   * \brief Allocate an owned buffer, ready for work on `stream`.
+   * \param bytes  size; 0 gives an empty buffer.
+   * \param device visible device ordinal.
+   * \param stream cudaStream_t / hipStream_t, nullptr = default stream.
+   * \throws gpumem::error (::GPUMEM_ERR_OUT_OF_MEMORY, ::GPUMEM_ERR_LIMIT_EXCEEDED, ::GPUMEM_ERR_INVALID_DEVICE, ...).
+   */
+  buffer alloc(std::size_t bytes, int device = 0, gpumem_stream stream = nullptr) {
+    gpumem_buffer b{};
+    check(gpumem_buffer_alloc(ctx_, device, bytes, stream, &b), "gpumem_buffer_alloc");
+    return buffer(std::move(b));
+  }
+
+  /**
+   * \brief Allocate an owned buffer with a tag shown in leak reports.
+   * \param tag must stay valid while the buffer is live (a string literal is typical).
+   * \throws gpumem::error as alloc().
+   */
+  buffer alloc_tagged(std::size_t bytes, const char *tag, int device = 0, gpumem_stream stream = nullptr) {
+    void *p = nullptr;
+    check(gpumem_alloc_tagged(ctx_, device, bytes, stream, tag, &p), "gpumem_alloc_tagged");
+    if (!p) return buffer();
+    gpumem_buffer b{ctx_, p, bytes, device, stream};
+    return buffer(std::move(b));
+  }
+
+  /**
+   * \brief Begin a scope on one device and stream.
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_DEVICE, ...).
+   */
+  gpumem::scope scope(int device = 0, gpumem_stream stream = nullptr) {
+    gpumem_scope *s = nullptr;
+    check(gpumem_scope_begin(ctx_, device, stream, &s), "gpumem_scope_begin");
+    return gpumem::scope(s);
+  }
+
+  /**
+   * \brief Give cached memory back, keeping at most `keep_bytes` cached per device.
+   * \param device a device or ::GPUMEM_ALL_DEVICES.
+   * \return the bytes given back.
+   * \throws gpumem::error.
+   */
+  std::uint64_t trim(int device = GPUMEM_ALL_DEVICES, std::uint64_t keep_bytes = 0) {
+    std::uint64_t released = 0;
+    check(gpumem_trim(ctx_, device, keep_bytes, &released), "gpumem_trim");
+    return released;
+  }
+
+  /**
+   * \brief Invalidate every live allocation on a device and give all its memory back.
+   *
+   * Buffers and scopes still holding invalidated pointers free nothing when
+   * they are destroyed (their free fails with ::GPUMEM_ERR_INVALID_POINTER, ignored).
+   * \param device a device or ::GPUMEM_ALL_DEVICES.
+   * \param flags  0 or ::GPUMEM_RESET_DEVICE (dangerous: resets the device for the whole process).
+   * \throws gpumem::error (::GPUMEM_ERR_NOT_SUPPORTED, ...).
+   */
+  void reset(int device, unsigned flags = 0) { check(gpumem_reset(ctx_, device, flags), "gpumem_reset"); }
+
+  /**
+   * \brief Statistics of one device, or the sum over all with ::GPUMEM_ALL_DEVICES.
+   * \throws gpumem::error.
+   */
+  gpumem_stats stats(int device = GPUMEM_ALL_DEVICES) const {
+    gpumem_stats st{};
+    st.struct_size = sizeof st;
+    check(gpumem_get_stats(ctx_, device, &st), "gpumem_get_stats");
+    return st;
+  }
+
+  /** \brief Reset the peak statistics of a device (or all) to the current values. \throws gpumem::error. */
+  void reset_peak_stats(int device = GPUMEM_ALL_DEVICES) {
+    check(gpumem_reset_peak_stats(ctx_, device), "gpumem_reset_peak_stats");
+  }
+
+  /** \brief Allocate raw memory (gpumem_alloc()); free it with free(). \throws gpumem::error. */
+  void *alloc_raw(std::size_t bytes, int device = 0, gpumem_stream stream = nullptr) {
+    void *p = nullptr;
+    check(gpumem_alloc(ctx_, device, bytes, stream, &p), "gpumem_alloc");
+    return p;
+  }
+
+  /** \brief Free raw memory from alloc_raw() in order on `stream`. \throws gpumem::error (::GPUMEM_ERR_INVALID_POINTER, ...). */
+  void free(void *ptr, gpumem_stream stream = nullptr) { check(gpumem_free(ctx_, ptr, stream), "gpumem_free"); }
+
+private:
+  struct adopt_tag {};
+  context(gpumem_context *raw, adopt_tag) noexcept : ctx_(raw) {}
+
+  void close_noexcept() noexcept {
+    if (!ctx_) return;
+    if (gpumem_destroy(ctx_, 0) == GPUMEM_ERR_BUSY) (void)gpumem_destroy(ctx_, GPUMEM_DESTROY_FORCE);
+    ctx_ = nullptr;
+  }
+
+  gpumem_context *ctx_ = nullptr;
+};
+
+} // namespace gpumem
+
+#endif /* GPUMEM_HPP */
