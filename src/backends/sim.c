@@ -1,0 +1,1163 @@
+/**
+ * \file backends/sim.c
+ * \brief The host simulator backend ("sim"): simulated devices in host memory.
+ *
+ * State is process-wide, like a GPU driver's: every vtable copy and every
+ * context using "sim" share the same devices, memory, streams and events.
+ * init() takes a reference (the first one parses the environment),
+ * shutdown() drops it (the last one unmaps everything). One mutex guards it
+ * all; every method is thread-safe.
+ *
+ * Environment (read by the first init() and by gpumem_sim_reinit()):
+ *
+ * - `GPUMEM_SIM_DEVICES`: the physical devices and their capacities, a
+ *   comma-separated list of `[COUNTx]SIZE` items, e.g. `2x16GiB`,
+ *   `16GiB,8GiB`, `3x1GiB,512MiB`. SIZE is a decimal integer with an
+ *   optional unit: B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB
+ *   (case-insensitive; every unit is binary, KB = KiB = 1024 bytes; no unit
+ *   means bytes). Spaces around tokens are allowed. COUNT and SIZE must be
+ *   at least 1 and at most ::SIM_MAX_DEVICES devices in total. Unset: one
+ *   device of 16 GiB. Anything else (empty, `banana`, `0x16GiB`, `-1GiB`,
+ *   overflow) makes init() fail with ::GPUMEM_SIM_ERR_BAD_ENV.
+ * - `CUDA_VISIBLE_DEVICES`, as the CUDA runtime reads it: comma-separated
+ *   entries, each a decimal ordinal (spaces around it allowed) or a `GPU-`
+ *   UUID prefix matching exactly one physical device. Reading stops at the
+ *   first invalid entry (not a number, out of range, unknown or ambiguous
+ *   UUID prefix, a device already listed, `MIG-...`), keeping the entries
+ *   before it. Unset: every device in order. Empty, `-1`, or a list whose
+ *   first entry is invalid: no device, init() fails with
+ *   ::GPUMEM_SIM_ERR_NO_DEVICE.
+ *
+ * Memory:
+ * - malloc() maps fresh anonymous memory (MAP_NORESERVE, page aligned,
+ *   host readable and writable, zero-filled) and charges its size rounded
+ *   up to 4 KiB against the device capacity; it fails with
+ *   ::GPUMEM_SIM_ERR_OUT_OF_MEMORY when used + external + charge would
+ *   pass the capacity. mem_get_info() reports free = capacity - used -
+ *   external. malloc(0) gives NULL; free(NULL) succeeds.
+ * - Virtual memory: granularity 2 MiB. vm_reserve() maps a PROT_NONE range
+ *   aligned to the granularity; vm_create() charges the chunk's size;
+ *   vm_map() makes a range of a reservation readable and writable;
+ *   vm_unmap() gives its RAM back (MADV_DONTNEED) and makes it PROT_NONE
+ *   again; the chunk's charge is returned once it is both destroyed and no
+ *   longer mapped. Unlike a real driver the contents of a chunk do not
+ *   survive an unmap, and mapping one chunk twice does not alias: each
+ *   mapping is fresh zeroed memory.
+ * - device_reset() unmaps every allocation, reservation and chunk of the
+ *   device and completes its streams; events and stream records stay valid.
+ *
+ * Fault injection and call counts live in static storage that survives the
+ * state (they can be set before any context exists); call counts are
+ * cumulative over the life of the process.
+ */
+#include "gpumem/backend.h"
+#include "gpumem/sim.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/** Most physical devices GPUMEM_SIM_DEVICES may describe. */
+#define SIM_MAX_DEVICES 64
+/** Default capacity: one device of 16 GiB. */
+#define SIM_DEFAULT_CAPACITY (16ull << 30)
+/** Charge granularity of malloc(). */
+#define SIM_PAGE ((size_t)4096)
+/** Virtual-memory granularity. */
+#define SIM_VM_GRANULARITY ((size_t)2 << 20)
+
+extern const gpumem_backend gpumem__sim_backend;
+
+/* ------------------------------------------------------------------------ */
+/* A small open-addressing hash map, uintptr_t -> uintptr_t (key 0 = empty). */
+
+typedef struct sim_map {
+  uintptr_t *keys;
+  uintptr_t *vals;
+  size_t cap; /* power of two, or 0 */
+  size_t len;
+} sim_map;
+
+static size_t sim__hash(uintptr_t k, size_t cap) {
+  uint64_t x = (uint64_t)k * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  return (size_t)x & (cap - 1);
+}
+
+static int sim__map_grow(sim_map *m) {
+  size_t ncap = m->cap ? m->cap * 2 : 16;
+  uintptr_t *nk = calloc(ncap, sizeof *nk);
+  uintptr_t *nv = calloc(ncap, sizeof *nv);
+  if (!nk || !nv) {
+    free(nk);
+    free(nv);
+    return -1;
+  }
+  for (size_t i = 0; i < m->cap; i++) {
+    if (m->keys[i]) {
+      size_t j = sim__hash(m->keys[i], ncap);
+      while (nk[j]) j = (j + 1) & (ncap - 1);
+      nk[j] = m->keys[i];
+      nv[j] = m->vals[i];
+    }
+  }
+  free(m->keys);
+  free(m->vals);
+  m->keys = nk;
+  m->vals = nv;
+  m->cap = ncap;
+  return 0;
+}
+
+/* Index of key, or SIZE_MAX. */
+static size_t sim__map_find(const sim_map *m, uintptr_t k) {
+  if (!m->cap || !k) return SIZE_MAX;
+  size_t i = sim__hash(k, m->cap);
+  while (m->keys[i]) {
+    if (m->keys[i] == k) return i;
+    i = (i + 1) & (m->cap - 1);
+  }
+  return SIZE_MAX;
+}
+
+static int sim__map_get(const sim_map *m, uintptr_t k, uintptr_t *v) {
+  size_t i = sim__map_find(m, k);
+  if (i == SIZE_MAX) return 0;
+  if (v) *v = m->vals[i];
+  return 1;
+}
+
+/* Insert a new key (must be absent). 0 on success, -1 if out of host memory. */
+static int sim__map_put(sim_map *m, uintptr_t k, uintptr_t v) {
+  if ((m->len + 1) * 4 > m->cap * 3 && sim__map_grow(m) != 0) return -1;
+  size_t i = sim__hash(k, m->cap);
+  while (m->keys[i]) i = (i + 1) & (m->cap - 1);
+  m->keys[i] = k;
+  m->vals[i] = v;
+  m->len++;
+  return 0;
+}
+
+/* Remove the entry at slot i (backward-shift deletion). */
+static void sim__map_del_at(sim_map *m, size_t i) {
+  size_t mask = m->cap - 1;
+  size_t j = i;
+  m->keys[i] = 0;
+  m->len--;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (!m->keys[j]) break;
+    size_t home = sim__hash(m->keys[j], m->cap);
+    /* move j into the hole at i unless home lies cyclically in (i, j] */
+    int stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!stays) {
+      m->keys[i] = m->keys[j];
+      m->vals[i] = m->vals[j];
+      m->keys[j] = 0;
+      i = j;
+    }
+  }
+}
+
+static void sim__map_free(sim_map *m) {
+  free(m->keys);
+  free(m->vals);
+  memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* State                                                                     */
+
+typedef struct sim_stream {
+  uint64_t submitted; /* work items recorded so far */
+  uint64_t completed; /* work items completed */
+} sim_stream;
+
+typedef struct sim_event {
+  int device;
+  sim_stream *stream; /* NULL until recorded */
+  uint64_t target;    /* stream->submitted at record time */
+} sim_event;
+
+typedef struct sim_chunk { /* a vm_create() physical chunk */
+  size_t size;
+  size_t nmapped;
+  int destroyed;
+} sim_chunk;
+
+typedef struct sim_mapping {
+  char *va;
+  size_t size;
+  gpumem_phys_handle handle;
+} sim_mapping;
+
+typedef struct sim_resv { /* a vm_reserve() range */
+  struct sim_resv *next;
+  char *va;
+  size_t size;
+  sim_mapping *maps;
+  size_t nmaps, capmaps;
+} sim_resv;
+
+typedef struct sim_device { /* one visible device */
+  int physical;
+  uint64_t capacity;
+  uint64_t used;     /* charged by malloc and vm_create */
+  uint64_t external; /* gpumem_sim_set_external_usage */
+  sim_map allocs;    /* ptr -> mapped length */
+  sim_map streams;   /* stream pointer (non-NULL) -> sim_stream* */
+  sim_stream default_stream;
+  sim_map chunks;    /* handle -> sim_chunk* */
+  sim_resv *resvs;
+} sim_device;
+
+typedef struct sim_config { /* what the environment says */
+  int nphys;
+  uint64_t capacity[SIM_MAX_DEVICES];
+  int nvis;
+  int visible[SIM_MAX_DEVICES]; /* visible ordinal -> physical index */
+} sim_config;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct {
+  int refs;
+  int ndev;
+  sim_device *dev;
+  sim_map events; /* sim_event* -> 1 */
+  uint64_t next_handle;
+} g;
+
+/* Survive the state: fault injection, call counts, delayed mode. */
+static struct {
+  uint64_t calls[GPUMEM_SIM_CALL_KINDS_];
+  uint64_t countdown[GPUMEM_SIM_CALL_KINDS_]; /* 0 = nothing armed */
+  int error[GPUMEM_SIM_CALL_KINDS_];
+  int repeat[GPUMEM_SIM_CALL_KINDS_];
+  int sticky[GPUMEM_SIM_CALL_KINDS_]; /* repeat fault has fired: fail every call */
+  int delayed;
+} g_ctl;
+
+/* Count a call of a kind; return the injected error, or 0. Lock held. */
+static int sim__enter(gpumem_sim_call kind) {
+  g_ctl.calls[kind]++;
+  if (g_ctl.sticky[kind]) return g_ctl.error[kind];
+  if (g_ctl.countdown[kind]) {
+    if (--g_ctl.countdown[kind] == 0) {
+      if (g_ctl.repeat[kind]) g_ctl.sticky[kind] = 1;
+      return g_ctl.error[kind];
+    }
+  }
+  return 0;
+}
+
+/* The device, or NULL (sets *err). Lock held. */
+static sim_device *sim__device(int device, int *err) {
+  if (g.refs <= 0 || !g.dev) {
+    *err = GPUMEM_SIM_ERR_NO_DEVICE;
+    return NULL;
+  }
+  if (device < 0 || device >= g.ndev) {
+    *err = GPUMEM_SIM_ERR_INVALID_DEVICE;
+    return NULL;
+  }
+  return &g.dev[device];
+}
+
+static uint64_t sim__avail(const sim_device *d) {
+  uint64_t taken = d->used + d->external;
+  return taken >= d->capacity ? 0 : d->capacity - taken;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Environment parsing                                                       */
+
+static int sim__is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static int sim__is_digit(char c) { return c >= '0' && c <= '9'; }
+static char sim__lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c; }
+
+static const char *sim__skip_space(const char *p) {
+  while (sim__is_space(*p)) p++;
+  return p;
+}
+
+/* Parse a decimal integer; NULL on no digits or overflow. */
+static const char *sim__parse_u64(const char *p, uint64_t *out) {
+  uint64_t v = 0;
+  if (!sim__is_digit(*p)) return NULL;
+  while (sim__is_digit(*p)) {
+    uint64_t d = (uint64_t)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10) return NULL;
+    v = v * 10 + d;
+    p++;
+  }
+  *out = v;
+  return p;
+}
+
+/* Parse an optional unit at p (letters up to a separator); return the
+ * multiplier shift, or -1 if the word is not a unit. */
+static const char *sim__parse_unit(const char *p, unsigned *shift) {
+  char w[4];
+  size_t n = 0;
+  while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')) {
+    if (n == sizeof w) return NULL;
+    w[n++] = sim__lower(*p++);
+  }
+  if (n == 0) {
+    *shift = 0;
+    return p;
+  }
+  static const char prefixes[] = "bkmgt";
+  const char *q = memchr(prefixes, w[0], 5);
+  if (!q) return NULL;
+  unsigned s = (unsigned)(q - prefixes) * 10;
+  if (w[0] == 'b') {
+    if (n != 1) return NULL;
+  } else if (n == 2) {
+    if (w[1] != 'b') return NULL;
+  } else if (n == 3) {
+    if (w[1] != 'i' || w[2] != 'b') return NULL;
+  } else if (n != 1) {
+    return NULL;
+  }
+  *shift = s;
+  return p;
+}
+
+/* Parse GPUMEM_SIM_DEVICES. 0 or GPUMEM_SIM_ERR_BAD_ENV. */
+static int sim__parse_devices(const char *s, sim_config *cfg) {
+  cfg->nphys = 0;
+  if (!s) {
+    cfg->nphys = 1;
+    cfg->capacity[0] = SIM_DEFAULT_CAPACITY;
+    return 0;
+  }
+  const char *p = s;
+  for (;;) {
+    uint64_t count = 1, num, size;
+    unsigned shift;
+    p = sim__skip_space(p);
+    if (!(p = sim__parse_u64(p, &num))) return GPUMEM_SIM_ERR_BAD_ENV;
+    p = sim__skip_space(p);
+    if (*p == 'x' || *p == 'X') {
+      count = num;
+      p = sim__skip_space(p + 1);
+      if (!(p = sim__parse_u64(p, &num))) return GPUMEM_SIM_ERR_BAD_ENV;
+      p = sim__skip_space(p);
+    }
+    if (!(p = sim__parse_unit(p, &shift))) return GPUMEM_SIM_ERR_BAD_ENV;
+    p = sim__skip_space(p);
+    if (shift && num > (UINT64_MAX >> shift)) return GPUMEM_SIM_ERR_BAD_ENV;
+    size = num << shift;
+    if (count == 0 || size == 0) return GPUMEM_SIM_ERR_BAD_ENV;
+    if (count > (uint64_t)(SIM_MAX_DEVICES - cfg->nphys)) return GPUMEM_SIM_ERR_BAD_ENV;
+    for (uint64_t i = 0; i < count; i++) cfg->capacity[cfg->nphys++] = size;
+    if (*p == '\0') return 0;
+    if (*p != ',') return GPUMEM_SIM_ERR_BAD_ENV;
+    p++;
+  }
+}
+
+static uint64_t sim__mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* The stable UUID of a physical device. */
+static void sim__uuid(int physical, char out[64]) {
+  uint64_t hi = sim__mix(0x67707566656d0000ull + 2u * (uint64_t)physical);
+  uint64_t lo = sim__mix(0x67707566656d0000ull + 2u * (uint64_t)physical + 1u);
+  snprintf(out, 64, "GPU-%08" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%012" PRIx64, hi >> 32,
+           (hi >> 16) & 0xffffu, hi & 0xffffu, lo >> 48, lo & (uint64_t)0xffffffffffffull);
+}
+
+/* Physical index an entry names, or -1 if invalid. [b, e) is the entry. */
+static int sim__visible_entry(const char *b, const char *e, int nphys) {
+  while (b < e && sim__is_space(*b)) b++;
+  while (e > b && sim__is_space(e[-1])) e--;
+  if (b == e) return -1;
+  if (sim__is_digit(*b)) {
+    uint64_t v = 0;
+    for (const char *p = b; p < e; p++) {
+      if (!sim__is_digit(*p)) return -1;
+      v = v * 10 + (uint64_t)(*p - '0');
+      if (v >= (uint64_t)nphys) return -1;
+    }
+    return (int)v;
+  }
+  size_t n = (size_t)(e - b);
+  if (n <= 4 || strncmp(b, "GPU-", 4) != 0) return -1;
+  int found = -1;
+  for (int i = 0; i < nphys; i++) {
+    char u[64];
+    sim__uuid(i, u);
+    if (n > strlen(u)) continue;
+    size_t k = 4;
+    while (k < n && sim__lower(b[k]) == u[k]) k++;
+    if (k == n) {
+      if (found >= 0) return -1; /* ambiguous */
+      found = i;
+    }
+  }
+  return found;
+}
+
+/* Parse CUDA_VISIBLE_DEVICES into cfg->visible. */
+static void sim__parse_visible(const char *s, sim_config *cfg) {
+  cfg->nvis = 0;
+  if (!s) {
+    for (int i = 0; i < cfg->nphys; i++) cfg->visible[cfg->nvis++] = i;
+    return;
+  }
+  const char *b = s;
+  for (;;) {
+    const char *e = strchr(b, ',');
+    if (!e) e = b + strlen(b);
+    int phys = sim__visible_entry(b, e, cfg->nphys);
+    if (phys < 0) return;
+    for (int i = 0; i < cfg->nvis; i++)
+      if (cfg->visible[i] == phys) return; /* duplicate */
+    cfg->visible[cfg->nvis++] = phys;
+    if (*e == '\0') return;
+    b = e + 1;
+  }
+}
+
+/* Read both variables. 0, GPUMEM_SIM_ERR_BAD_ENV or GPUMEM_SIM_ERR_NO_DEVICE. */
+static int sim__read_env(sim_config *cfg) {
+  int rc = sim__parse_devices(getenv("GPUMEM_SIM_DEVICES"), cfg);
+  if (rc) return rc;
+  sim__parse_visible(getenv("CUDA_VISIBLE_DEVICES"), cfg);
+  return cfg->nvis ? 0 : GPUMEM_SIM_ERR_NO_DEVICE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Device teardown                                                           */
+
+/* Unmap everything of a device and free its chunks; keeps stream records. */
+static void sim__device_release_memory(sim_device *d) {
+  for (size_t i = 0; i < d->allocs.cap; i++)
+    if (d->allocs.keys[i]) munmap((void *)d->allocs.keys[i], (size_t)d->allocs.vals[i]);
+  sim__map_free(&d->allocs);
+  while (d->resvs) {
+    sim_resv *r = d->resvs;
+    d->resvs = r->next;
+    munmap(r->va, r->size);
+    free(r->maps);
+    free(r);
+  }
+  for (size_t i = 0; i < d->chunks.cap; i++)
+    if (d->chunks.keys[i]) free((void *)d->chunks.vals[i]);
+  sim__map_free(&d->chunks);
+  d->used = 0;
+}
+
+static void sim__device_complete(sim_device *d) {
+  d->default_stream.completed = d->default_stream.submitted;
+  for (size_t i = 0; i < d->streams.cap; i++)
+    if (d->streams.keys[i]) {
+      sim_stream *s = (sim_stream *)d->streams.vals[i];
+      s->completed = s->submitted;
+    }
+}
+
+static void sim__state_free(void) {
+  for (int i = 0; i < g.ndev; i++) {
+    sim_device *d = &g.dev[i];
+    sim__device_release_memory(d);
+    for (size_t j = 0; j < d->streams.cap; j++)
+      if (d->streams.keys[j]) free((void *)d->streams.vals[j]);
+    sim__map_free(&d->streams);
+  }
+  free(g.dev);
+  g.dev = NULL;
+  g.ndev = 0;
+  for (size_t i = 0; i < g.events.cap; i++)
+    if (g.events.keys[i]) free((void *)g.events.keys[i]);
+  sim__map_free(&g.events);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Vtable: lifecycle and devices                                             */
+
+static int sim_init(gpumem_backend *be) {
+  (void)be;
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  if (g.refs == 0) {
+    sim_config cfg;
+    rc = sim__read_env(&cfg);
+    if (rc == 0) {
+      g.dev = calloc((size_t)cfg.nvis, sizeof *g.dev);
+      if (!g.dev) {
+        rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+      } else {
+        g.ndev = cfg.nvis;
+        for (int i = 0; i < cfg.nvis; i++) {
+          g.dev[i].physical = cfg.visible[i];
+          g.dev[i].capacity = cfg.capacity[cfg.visible[i]];
+        }
+        if (g.next_handle == 0) g.next_handle = 1;
+      }
+    }
+  }
+  if (rc == 0) g.refs++;
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static void sim_shutdown(gpumem_backend *be) {
+  (void)be;
+  pthread_mutex_lock(&g_lock);
+  if (g.refs > 0 && --g.refs == 0) sim__state_free();
+  pthread_mutex_unlock(&g_lock);
+}
+
+static int sim_device_count(gpumem_backend *be, int *count) {
+  (void)be;
+  if (!count) return GPUMEM_SIM_ERR_INVALID_VALUE;
+  pthread_mutex_lock(&g_lock);
+  int rc = (g.refs > 0) ? 0 : GPUMEM_SIM_ERR_NO_DEVICE;
+  if (rc == 0) *count = g.ndev;
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_device_info(gpumem_backend *be, int device, gpumem_backend_device_info *info) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_INFO);
+  if (rc == 0 && !info) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  if (rc == 0) {
+    sim_device *d = sim__device(device, &rc);
+    if (d) {
+      memset(info, 0, sizeof *info);
+      snprintf(info->name, sizeof info->name, "libgpumem simulated device");
+      sim__uuid(d->physical, info->uuid);
+      snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "0000:%02x:00.0", (unsigned)d->physical + 1u);
+      info->total_bytes = d->capacity;
+      info->physical_index = d->physical;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_mem_get_info(gpumem_backend *be, int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_INFO);
+  if (rc == 0 && (!free_bytes || !total_bytes)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  if (rc == 0) {
+    sim_device *d = sim__device(device, &rc);
+    if (d) {
+      *free_bytes = sim__avail(d);
+      *total_bytes = d->capacity;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Vtable: plain memory                                                      */
+
+static int sim_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MALLOC);
+  if (rc == 0 && !ptr) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    if (size == 0) {
+      *ptr = NULL;
+    } else if (size > SIZE_MAX - (SIM_PAGE - 1) || (uint64_t)size > sim__avail(d)) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else {
+      size_t len = (size + SIM_PAGE - 1) & ~(SIM_PAGE - 1);
+      if ((uint64_t)len > sim__avail(d)) {
+        rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+      } else {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+          rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+        } else if (sim__map_put(&d->allocs, (uintptr_t)p, (uintptr_t)len) != 0) {
+          munmap(p, len);
+          rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+        } else {
+          d->used += len;
+          *ptr = p;
+        }
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_free(gpumem_backend *be, int device, void *ptr) {
+  (void)be;
+  int rc;
+  void *unmap = NULL;
+  size_t len = 0;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_FREE);
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && ptr) {
+    size_t i = sim__map_find(&d->allocs, (uintptr_t)ptr);
+    if (i == SIZE_MAX) {
+      rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    } else {
+      len = (size_t)d->allocs.vals[i];
+      sim__map_del_at(&d->allocs, i);
+      d->used -= len;
+      unmap = ptr;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (unmap) munmap(unmap, len);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Vtable: streams and events                                                */
+
+/* The record of a stream, created on demand; NULL if out of host memory. Lock held. */
+static sim_stream *sim__stream(sim_device *d, gpumem_stream stream, int create) {
+  if (!stream) return &d->default_stream;
+  uintptr_t v;
+  if (sim__map_get(&d->streams, (uintptr_t)stream, &v)) return (sim_stream *)v;
+  if (!create) return NULL;
+  sim_stream *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  if (sim__map_put(&d->streams, (uintptr_t)stream, (uintptr_t)s) != 0) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+/* Look up an event of a device. Lock held. */
+static sim_event *sim__event(int device, gpumem_event ev, int *rc) {
+  if (!sim__device(device, rc)) return NULL;
+  if (!ev || !sim__map_get(&g.events, (uintptr_t)ev, NULL) || ((sim_event *)ev)->device != device) {
+    *rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    return NULL;
+  }
+  return (sim_event *)ev;
+}
+
+static int sim_event_create(gpumem_backend *be, int device, gpumem_event *ev) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
+  if (rc == 0 && !ev) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  if (rc == 0 && sim__device(device, &rc)) {
+    sim_event *e = calloc(1, sizeof *e);
+    if (!e || sim__map_put(&g.events, (uintptr_t)e, 1) != 0) {
+      free(e);
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else {
+      e->device = device;
+      *ev = e;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_event_destroy(gpumem_backend *be, int device, gpumem_event ev) {
+  (void)be;
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  sim_event *e = sim__event(device, ev, &rc);
+  if (e) {
+    sim__map_del_at(&g.events, sim__map_find(&g.events, (uintptr_t)e));
+    free(e);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpumem_stream stream) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
+  sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e) {
+    sim_stream *s = sim__stream(&g.dev[device], stream, 1);
+    if (!s) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else {
+      if (g_ctl.delayed) s->submitted++;
+      else s->completed = s->submitted;
+      e->stream = s;
+      e->target = s->submitted;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_event_query(gpumem_backend *be, int device, gpumem_event ev, int *complete) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
+  if (rc == 0 && !complete) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e) *complete = !e->stream || e->stream->completed >= e->target;
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_event_synchronize(gpumem_backend *be, int device, gpumem_event ev) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
+  sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e && e->stream && e->stream->completed < e->target) e->stream->completed = e->target;
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_stream_synchronize(gpumem_backend *be, int device, gpumem_stream stream) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_SYNC);
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    sim_stream *s = sim__stream(d, stream, 0);
+    if (s) s->completed = s->submitted;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_device_synchronize(gpumem_backend *be, int device) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_SYNC);
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) sim__device_complete(d);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_device_reset(gpumem_backend *be, int device) {
+  (void)be;
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d) {
+    sim__device_release_memory(d);
+    sim__device_complete(d);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Vtable: errors                                                            */
+
+static gpumem_status sim_error_status(const gpumem_backend *be, int code) {
+  (void)be;
+  switch (code) {
+  case GPUMEM_SIM_OK: return GPUMEM_OK;
+  case GPUMEM_SIM_ERR_OUT_OF_MEMORY: return GPUMEM_ERR_OUT_OF_MEMORY;
+  case GPUMEM_SIM_ERR_NO_DEVICE: return GPUMEM_ERR_NO_BACKEND;
+  case GPUMEM_SIM_ERR_INVALID_DEVICE: return GPUMEM_ERR_INVALID_DEVICE;
+  case GPUMEM_SIM_ERR_BAD_ENV: return GPUMEM_ERR_INVALID_ARGUMENT;
+  default: return GPUMEM_ERR_BACKEND;
+  }
+}
+
+static const char *sim_error_string(const gpumem_backend *be, int code) {
+  (void)be;
+  switch (code) {
+  case GPUMEM_SIM_OK: return "sim: no error";
+  case GPUMEM_SIM_ERR_INVALID_VALUE:
+    return "sim: invalid value (a NULL output, an unknown pointer, event or handle, or a misaligned or unknown range)";
+  case GPUMEM_SIM_ERR_OUT_OF_MEMORY: return "sim: out of memory: the simulated device's capacity is exhausted";
+  case GPUMEM_SIM_ERR_BAD_ENV:
+    return "sim: GPUMEM_SIM_DEVICES does not parse: expected a comma-separated list of [COUNTx]SIZE items "
+           "with SIZE a positive integer and an optional unit B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB or TiB "
+           "(e.g. \"2x16GiB\" or \"16GiB,8GiB\"), at most 64 devices";
+  case GPUMEM_SIM_ERR_INVALID_DEVICE: return "sim: invalid device ordinal";
+  case GPUMEM_SIM_ERR_NO_DEVICE:
+    return "sim: no simulated device is visible (CUDA_VISIBLE_DEVICES is empty, -1, or starts with an invalid entry), "
+           "or the sim backend is not initialised";
+  case GPUMEM_SIM_ERR_INJECTED: return "sim: injected fault";
+  default: return "sim: unknown error";
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Vtable: virtual memory                                                    */
+
+static int sim_vm_granularity(gpumem_backend *be, int device, size_t *granularity) {
+  (void)be;
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  if (!granularity) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  else if (sim__device(device, &rc)) *granularity = SIM_VM_GRANULARITY;
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim__aligned(const void *va, size_t size) {
+  return ((uintptr_t)va % SIM_VM_GRANULARITY) == 0 && size % SIM_VM_GRANULARITY == 0;
+}
+
+static int sim_vm_reserve(gpumem_backend *be, int device, size_t size, void **va) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MAP);
+  if (rc == 0 && (!va || size == 0 || size > SIZE_MAX / 2)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    size_t len = (size + SIM_VM_GRANULARITY - 1) & ~(SIM_VM_GRANULARITY - 1);
+    size_t total = len + SIM_VM_GRANULARITY;
+    sim_resv *r = calloc(1, sizeof *r);
+    char *p = r ? mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) {
+      free(r);
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else {
+      uintptr_t a = ((uintptr_t)p + SIM_VM_GRANULARITY - 1) & ~(uintptr_t)(SIM_VM_GRANULARITY - 1);
+      size_t head = (size_t)(a - (uintptr_t)p);
+      size_t tail = total - head - len;
+      if (head) munmap(p, head);
+      if (tail) munmap(p + head + len, tail);
+      r->va = p + head;
+      r->size = len;
+      r->next = d->resvs;
+      d->resvs = r;
+      *va = r->va;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* The reservation of a device that contains [va, va+size), or NULL. */
+static sim_resv *sim__resv_containing(sim_device *d, const char *va, size_t size) {
+  for (sim_resv *r = d->resvs; r; r = r->next)
+    if (va >= r->va && (size_t)(va - r->va) <= r->size && size <= r->size - (size_t)(va - r->va)) return r;
+  return NULL;
+}
+
+static int sim_vm_release(gpumem_backend *be, int device, void *va, size_t size) {
+  (void)be;
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d) {
+    sim_resv **pr = &d->resvs;
+    while (*pr && (*pr)->va != (char *)va) pr = &(*pr)->next;
+    sim_resv *r = *pr;
+    size_t len = (size + SIM_VM_GRANULARITY - 1) & ~(SIM_VM_GRANULARITY - 1);
+    if (!r || size == 0 || size > SIZE_MAX / 2 || len != r->size || r->nmaps) {
+      rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    } else {
+      *pr = r->next;
+      munmap(r->va, r->size);
+      free(r->maps);
+      free(r);
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static sim_chunk *sim__chunk(sim_device *d, gpumem_phys_handle h) {
+  uintptr_t v;
+  if (h == 0 || h > UINTPTR_MAX || !sim__map_get(&d->chunks, (uintptr_t)h, &v)) return NULL;
+  return (sim_chunk *)v;
+}
+
+static int sim_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MALLOC);
+  if (rc == 0 && (!h || size == 0 || size % SIM_VM_GRANULARITY)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    sim_chunk *c;
+    if ((uint64_t)size > sim__avail(d)) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else if (!(c = calloc(1, sizeof *c))) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else if (sim__map_put(&d->chunks, (uintptr_t)g.next_handle, (uintptr_t)c) != 0) {
+      free(c);
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else {
+      c->size = size;
+      d->used += size;
+      *h = g.next_handle++;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* Drop a chunk that is destroyed and no longer mapped. */
+static void sim__chunk_maybe_drop(sim_device *d, gpumem_phys_handle h, sim_chunk *c) {
+  if (c->destroyed && c->nmapped == 0) {
+    d->used -= c->size;
+    sim__map_del_at(&d->chunks, sim__map_find(&d->chunks, (uintptr_t)h));
+    free(c);
+  }
+}
+
+static int sim_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_FREE);
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    sim_chunk *c = sim__chunk(d, h);
+    if (!c || c->destroyed) {
+      rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    } else {
+      c->destroyed = 1;
+      sim__chunk_maybe_drop(d, h, c);
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MAP);
+  if (rc == 0 && (!va || size == 0 || !sim__aligned(va, size))) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    char *p = va;
+    sim_resv *r = sim__resv_containing(d, p, size);
+    sim_chunk *c = sim__chunk(d, h);
+    if (!r || !c || c->destroyed || size > c->size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    for (size_t i = 0; rc == 0 && i < r->nmaps; i++) {
+      const sim_mapping *m = &r->maps[i];
+      if (p < m->va + m->size && m->va < p + size) rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* overlap */
+    }
+    if (rc == 0 && r->nmaps == r->capmaps) {
+      size_t ncap = r->capmaps ? r->capmaps * 2 : 8;
+      sim_mapping *nm = realloc(r->maps, ncap * sizeof *nm);
+      if (!nm) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+      else {
+        r->maps = nm;
+        r->capmaps = ncap;
+      }
+    }
+    if (rc == 0 && mprotect(p, size, PROT_READ | PROT_WRITE) != 0) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    if (rc == 0) {
+      r->maps[r->nmaps].va = p;
+      r->maps[r->nmaps].size = size;
+      r->maps[r->nmaps].handle = h;
+      r->nmaps++;
+      c->nmapped++;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MAP);
+  if (rc == 0 && (!va || size == 0 || !sim__aligned(va, size))) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d) {
+    char *p = va;
+    sim_resv *r = sim__resv_containing(d, p, size);
+    size_t covered = 0;
+    if (!r) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    /* the range must consist of whole mappings, without gaps */
+    for (size_t i = 0; rc == 0 && i < r->nmaps; i++) {
+      const sim_mapping *m = &r->maps[i];
+      if (m->va >= p && m->va + m->size <= p + size) covered += m->size;
+      else if (p < m->va + m->size && m->va < p + size) rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* partial */
+    }
+    if (rc == 0 && covered != size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    if (rc == 0) {
+      madvise(p, size, MADV_DONTNEED);
+      if (mprotect(p, size, PROT_NONE) != 0) {
+        /* cannot fail on a range we mapped ourselves short of running out of
+         * kernel mappings; replace the range to be sure it is inaccessible */
+        mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      }
+      size_t i = 0;
+      while (i < r->nmaps) {
+        sim_mapping m = r->maps[i];
+        if (m.va >= p && m.va + m.size <= p + size) {
+          r->maps[i] = r->maps[--r->nmaps];
+          sim_chunk *c = sim__chunk(d, m.handle);
+          if (c) {
+            c->nmapped--;
+            sim__chunk_maybe_drop(d, m.handle, c);
+          }
+        } else {
+          i++;
+        }
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The vtable                                                                */
+
+const gpumem_backend gpumem__sim_backend = {
+  .version = GPUMEM_BACKEND_VERSION,
+  .struct_size = (uint32_t)sizeof(gpumem_backend),
+  .name = "sim",
+  .user_data = NULL,
+  .init = sim_init,
+  .shutdown = sim_shutdown,
+  .device_count = sim_device_count,
+  .device_info = sim_device_info,
+  .mem_get_info = sim_mem_get_info,
+  .malloc = sim_malloc,
+  .free = sim_free,
+  .event_create = sim_event_create,
+  .event_destroy = sim_event_destroy,
+  .event_record = sim_event_record,
+  .event_query = sim_event_query,
+  .event_synchronize = sim_event_synchronize,
+  .stream_synchronize = sim_stream_synchronize,
+  .device_synchronize = sim_device_synchronize,
+  .device_reset = sim_device_reset,
+  .error_status = sim_error_status,
+  .error_string = sim_error_string,
+  .vm_granularity = sim_vm_granularity,
+  .vm_reserve = sim_vm_reserve,
+  .vm_release = sim_vm_release,
+  .vm_create = sim_vm_create,
+  .vm_destroy = sim_vm_destroy,
+  .vm_map = sim_vm_map,
+  .vm_unmap = sim_vm_unmap,
+};
+
+/* ------------------------------------------------------------------------ */
+/* gpumem/sim.h                                                              */
+
+GPUMEM_API gpumem_status gpumem_sim_fail_nth(gpumem_sim_call kind, uint64_t nth, int error, int repeat) {
+  if ((int)kind < 0 || (int)kind >= GPUMEM_SIM_CALL_KINDS_ || nth < 1 || error == 0) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  g_ctl.countdown[kind] = nth;
+  g_ctl.error[kind] = error;
+  g_ctl.repeat[kind] = repeat != 0;
+  g_ctl.sticky[kind] = 0;
+  pthread_mutex_unlock(&g_lock);
+  return GPUMEM_OK;
+}
+
+GPUMEM_API void gpumem_sim_fail_clear(void) {
+  pthread_mutex_lock(&g_lock);
+  for (int k = 0; k < GPUMEM_SIM_CALL_KINDS_; k++) {
+    g_ctl.countdown[k] = 0;
+    g_ctl.error[k] = 0;
+    g_ctl.repeat[k] = 0;
+    g_ctl.sticky[k] = 0;
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+GPUMEM_API uint64_t gpumem_sim_call_count(gpumem_sim_call kind) {
+  uint64_t n = 0;
+  if ((int)kind < 0 || (int)kind >= GPUMEM_SIM_CALL_KINDS_) return 0;
+  pthread_mutex_lock(&g_lock);
+  n = g_ctl.calls[kind];
+  pthread_mutex_unlock(&g_lock);
+  return n;
+}
+
+static void sim__complete_all_locked(void) {
+  for (int i = 0; i < g.ndev; i++) sim__device_complete(&g.dev[i]);
+}
+
+GPUMEM_API void gpumem_sim_set_delayed(int on) {
+  pthread_mutex_lock(&g_lock);
+  g_ctl.delayed = on != 0;
+  if (!on) sim__complete_all_locked(); /* immediate mode has no pending work */
+  pthread_mutex_unlock(&g_lock);
+}
+
+GPUMEM_API void gpumem_sim_stream_complete(int device, gpumem_stream stream) {
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g.ndev; i++) {
+    if (device != -1 && device != i) continue;
+    sim_stream *s = sim__stream(&g.dev[i], stream, 0);
+    if (s) s->completed = s->submitted;
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+GPUMEM_API void gpumem_sim_complete_all(void) {
+  pthread_mutex_lock(&g_lock);
+  sim__complete_all_locked();
+  pthread_mutex_unlock(&g_lock);
+}
+
+static gpumem_status sim__status_of(int rc) { return sim_error_status(&gpumem__sim_backend, rc); }
+
+GPUMEM_API gpumem_status gpumem_sim_used_bytes(int device, uint64_t *used) {
+  int rc = 0;
+  if (!used) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d) *used = d->used;
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_set_external_usage(int device, uint64_t bytes) {
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d) {
+    if (d->used > d->capacity || bytes > d->capacity - d->used) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    else d->external = bytes;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_reinit(void) {
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  if (g.refs > 0) {
+    pthread_mutex_unlock(&g_lock);
+    return GPUMEM_ERR_BUSY;
+  }
+  sim_config cfg;
+  rc = sim__read_env(&cfg);
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
