@@ -1,0 +1,493 @@
+/*
+ * cuda.c: the "cuda" backend.
+ *
+ * Plain memory, events and synchronisation go through the CUDA runtime
+ * (linked statically: cudart_static opens libcuda.so.1 itself, so a machine
+ * without a driver still loads libgpumem; cudaGetDeviceCount then fails with
+ * cudaErrorInsufficientDriver and gpumem_create() returns
+ * GPUMEM_ERR_NO_BACKEND, printing nothing).
+ *
+ * Current device. Every method that needs a device current pushes that
+ * device's primary context on the calling thread's context stack
+ * (cuCtxPushCurrent) and pops it before returning (cuCtxPopCurrent). It never
+ * calls cudaSetDevice: since CUDA 12, cudaSetDevice(d) initialises d's
+ * primary context, so "restoring" the caller's device 0 that way would create
+ * a context on device 0 when the caller had only ever named device 1. Push
+ * and pop leave both the driver's current context and the runtime's
+ * per-thread device exactly as the caller had them, and only the named
+ * device's primary context is ever created (cuDevicePrimaryCtxRetain, once
+ * per device; kept until the process ends, as the runtime keeps its own).
+ * The runtime uses the pushed primary context for cudaMalloc and friends, so
+ * the memory is the same memory the runtime, PyTorch or CuPy use on that
+ * device. A primary context reset by cudaDeviceReset (ours or anyone's) is
+ * noticed (cuDevicePrimaryCtxGetState) and retained again.
+ *
+ * The driver API (contexts, virtual memory) is reached through
+ * cudaGetDriverEntryPoint, so there is no link-time dependency on libcuda.
+ *
+ * physical_index comes from NVML (libnvidia-ml.so.1, opened with dlopen when
+ * present): the NVML index of the device with the same UUID, which is the
+ * index nvidia-smi shows. Without NVML it is -1.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <gpumem/backend.h>
+
+/* ---- driver entry points ------------------------------------------------ */
+
+typedef CUresult (*gb_cuCtxGetCurrent_t)(CUcontext *);
+typedef CUresult (*gb_cuCtxPushCurrent_t)(CUcontext);
+typedef CUresult (*gb_cuCtxPopCurrent_t)(CUcontext *);
+typedef CUresult (*gb_cuDeviceGet_t)(CUdevice *, int);
+typedef CUresult (*gb_cuDevicePrimaryCtxRetain_t)(CUcontext *, CUdevice);
+typedef CUresult (*gb_cuDevicePrimaryCtxGetState_t)(CUdevice, unsigned int *, int *);
+typedef CUresult (*gb_cuMemGetAllocationGranularity_t)(size_t *, const CUmemAllocationProp *,
+                                                       CUmemAllocationGranularity_flags);
+typedef CUresult (*gb_cuMemAddressReserve_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*gb_cuMemAddressFree_t)(CUdeviceptr, size_t);
+typedef CUresult (*gb_cuMemCreate_t)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                     unsigned long long);
+typedef CUresult (*gb_cuMemRelease_t)(CUmemGenericAllocationHandle);
+typedef CUresult (*gb_cuMemMap_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*gb_cuMemSetAccess_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*gb_cuMemUnmap_t)(CUdeviceptr, size_t);
+typedef CUresult (*gb_cuGetErrorString_t)(CUresult, const char **);
+typedef CUresult (*gb_cuDeviceGetAttribute_t)(int *, CUdevice_attribute, CUdevice);
+
+static struct {
+  int status; /* 0 = usable, else the cudaError_t / CUresult of the failure */
+  int ndev;
+  gb_cuCtxGetCurrent_t ctx_get_current;
+  gb_cuCtxPushCurrent_t ctx_push_current;
+  gb_cuCtxPopCurrent_t ctx_pop_current;
+  gb_cuDeviceGet_t device_get;
+  gb_cuDevicePrimaryCtxRetain_t primary_retain;
+  gb_cuDevicePrimaryCtxGetState_t primary_get_state;
+  gb_cuMemGetAllocationGranularity_t mem_granularity; /* the vm_* group: all or none */
+  gb_cuMemAddressReserve_t mem_reserve;
+  gb_cuMemAddressFree_t mem_address_free;
+  gb_cuMemCreate_t mem_create;
+  gb_cuMemRelease_t mem_release;
+  gb_cuMemMap_t mem_map;
+  gb_cuMemSetAccess_t mem_set_access;
+  gb_cuMemUnmap_t mem_unmap;
+  gb_cuGetErrorString_t get_error_string;
+  gb_cuDeviceGetAttribute_t device_get_attribute;
+} g_drv;
+static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
+
+/* Primary contexts we retained, per visible ordinal. */
+#define GB_MAX_DEVICES 256
+static _Atomic(CUcontext) g_primary[GB_MAX_DEVICES];
+static pthread_mutex_t g_primary_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *gb_entry(const char *symbol) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t e;
+#if CUDART_VERSION >= 12050
+  /* the ABI of each symbol as of CUDA 12.0: every function used here has kept it since */
+  e = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &q);
+#elif CUDART_VERSION >= 12000
+  e = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &q);
+#else
+  e = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault);
+  q = cudaDriverEntryPointSuccess;
+#endif
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  if (q != cudaDriverEntryPointSuccess) return NULL;
+  return fn;
+}
+
+/* Function pointers and data pointers: converted through a union, which ISO C allows. */
+#define GB_LOAD(field, sym)                         \
+  do {                                              \
+    union {                                         \
+      void *p;                                      \
+      __typeof__(g_drv.field) f;                    \
+    } u_;                                           \
+    u_.p = gb_entry(sym);                           \
+    g_drv.field = u_.p ? u_.f : NULL;               \
+  } while (0)
+
+static void gb_drv_load(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    g_drv.status = (int)e;
+    return;
+  }
+  g_drv.ndev = n;
+  GB_LOAD(ctx_get_current, "cuCtxGetCurrent");
+  GB_LOAD(ctx_push_current, "cuCtxPushCurrent");
+  GB_LOAD(ctx_pop_current, "cuCtxPopCurrent");
+  GB_LOAD(device_get, "cuDeviceGet");
+  GB_LOAD(primary_retain, "cuDevicePrimaryCtxRetain");
+  GB_LOAD(primary_get_state, "cuDevicePrimaryCtxGetState");
+  GB_LOAD(get_error_string, "cuGetErrorString");
+  GB_LOAD(device_get_attribute, "cuDeviceGetAttribute");
+  if (!g_drv.ctx_get_current || !g_drv.ctx_push_current || !g_drv.ctx_pop_current || !g_drv.device_get ||
+      !g_drv.primary_retain || !g_drv.primary_get_state || !g_drv.device_get_attribute) {
+    g_drv.status = (int)cudaErrorCallRequiresNewerDriver;
+    return;
+  }
+  GB_LOAD(mem_granularity, "cuMemGetAllocationGranularity");
+  GB_LOAD(mem_reserve, "cuMemAddressReserve");
+  GB_LOAD(mem_address_free, "cuMemAddressFree");
+  GB_LOAD(mem_create, "cuMemCreate");
+  GB_LOAD(mem_release, "cuMemRelease");
+  GB_LOAD(mem_map, "cuMemMap");
+  GB_LOAD(mem_set_access, "cuMemSetAccess");
+  GB_LOAD(mem_unmap, "cuMemUnmap");
+  if (!g_drv.mem_granularity || !g_drv.mem_reserve || !g_drv.mem_address_free || !g_drv.mem_create ||
+      !g_drv.mem_release || !g_drv.mem_map || !g_drv.mem_set_access || !g_drv.mem_unmap)
+    g_drv.mem_granularity = NULL; /* no virtual memory */
+  g_drv.status = 0;
+}
+
+static int gb_driver_init(void) {
+  pthread_once(&g_drv_once, gb_drv_load);
+  return g_drv.status;
+}
+
+/* ---- current device: push / pop of the named device's primary context ---- */
+
+typedef struct gb_saved {
+  int pushed;
+} gb_saved;
+
+/* The primary context of visible device `dev`, active; retained on first use and again after a reset. */
+static int gb_primary(int dev, CUcontext *out) {
+  CUdevice d;
+  CUcontext c;
+  unsigned int flags = 0;
+  int active = 0;
+  CUresult r;
+  r = g_drv.device_get(&d, dev);
+  if (r != CUDA_SUCCESS) return (int)r;
+  c = atomic_load_explicit(&g_primary[dev], memory_order_acquire);
+  if (c) {
+    r = g_drv.primary_get_state(d, &flags, &active);
+    if (r != CUDA_SUCCESS) return (int)r;
+    if (active) {
+      *out = c;
+      return 0;
+    }
+  }
+  pthread_mutex_lock(&g_primary_lock);
+  /* Not yet retained, or reset since (cudaDeviceReset keeps the retain count
+   * but makes the context inactive): a retain activates it again. */
+  r = g_drv.primary_get_state(d, &flags, &active);
+  c = atomic_load_explicit(&g_primary[dev], memory_order_acquire);
+  if (r == CUDA_SUCCESS && (!c || !active)) {
+    r = g_drv.primary_retain(&c, d);
+    if (r == CUDA_SUCCESS) atomic_store_explicit(&g_primary[dev], c, memory_order_release);
+  }
+  pthread_mutex_unlock(&g_primary_lock);
+  if (r != CUDA_SUCCESS) return (int)r;
+  *out = c;
+  return 0;
+}
+
+static int gb_enter(int dev, gb_saved *s) {
+  CUcontext want = NULL, cur = NULL;
+  CUresult r;
+  int rc;
+  s->pushed = 0;
+  rc = gb_driver_init();
+  if (rc != 0) return rc;
+  if (dev < 0 || dev >= g_drv.ndev || dev >= GB_MAX_DEVICES) return (int)cudaErrorInvalidDevice;
+  rc = gb_primary(dev, &want);
+  if (rc != 0) return rc;
+  r = g_drv.ctx_get_current(&cur);
+  if (r != CUDA_SUCCESS) return (int)r;
+  if (cur == want) return 0;
+  r = g_drv.ctx_push_current(want);
+  if (r != CUDA_SUCCESS) return (int)r;
+  s->pushed = 1;
+  return 0;
+}
+
+static void gb_leave(const gb_saved *s) {
+  CUcontext popped = NULL;
+  if (s->pushed) (void)g_drv.ctx_pop_current(&popped);
+}
+
+static void gb_after_reset(int dev) {
+  (void)dev; /* gb_primary notices the inactive context and retains it again */
+}
+
+/* ---- device identity ------------------------------------------------------ */
+
+static int gb_uuid(int dev, const struct cudaDeviceProp *p, unsigned char out[16]) {
+  (void)dev;
+  memcpy(out, p->uuid.bytes, 16);
+  return 0;
+}
+
+/* NVML, for the physical index (what nvidia-smi numbers the device). */
+typedef int (*gb_nvmlInit_t)(void);
+typedef int (*gb_nvmlShutdown_t)(void);
+typedef int (*gb_nvmlDeviceGetHandleByUUID_t)(const char *, void **);
+typedef int (*gb_nvmlDeviceGetIndex_t)(void *, unsigned int *);
+static struct {
+  gb_nvmlInit_t init;
+  gb_nvmlShutdown_t shutdown;
+  gb_nvmlDeviceGetHandleByUUID_t by_uuid;
+  gb_nvmlDeviceGetIndex_t index;
+} g_nvml;
+static pthread_once_t g_nvml_once = PTHREAD_ONCE_INIT;
+
+#define GB_DLSYM(field, lib, sym)     \
+  do {                                \
+    union {                           \
+      void *p;                        \
+      __typeof__(g_nvml.field) f;     \
+    } u_;                             \
+    u_.p = dlsym(lib, sym);           \
+    g_nvml.field = u_.p ? u_.f : NULL; \
+  } while (0)
+
+static void gb_nvml_load(void) {
+  void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return; /* kept open for the process's life once opened */
+  GB_DLSYM(init, lib, "nvmlInit_v2");
+  GB_DLSYM(shutdown, lib, "nvmlShutdown");
+  GB_DLSYM(by_uuid, lib, "nvmlDeviceGetHandleByUUID");
+  GB_DLSYM(index, lib, "nvmlDeviceGetIndex");
+}
+
+static int gb_physical_index(int dev, const char *uuid, const char *pci) {
+  void *h = NULL;
+  unsigned int idx = 0;
+  int result = -1;
+  (void)dev;
+  (void)pci;
+  pthread_once(&g_nvml_once, gb_nvml_load);
+  if (!g_nvml.init || !g_nvml.shutdown || !g_nvml.by_uuid || !g_nvml.index) return -1;
+  if (g_nvml.init() != 0) return -1;
+  if (g_nvml.by_uuid(uuid, &h) == 0 && g_nvml.index(h, &idx) == 0) result = (int)idx;
+  (void)g_nvml.shutdown();
+  return result;
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+/* Since CUDA 10.1 runtime and driver codes share their numbers, so driver
+ * results from the virtual-memory methods map the same way. */
+static gpumem_status gb_error_status(int code) {
+  switch (code) {
+  case cudaErrorMemoryAllocation:
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  case cudaErrorNoDevice:
+  case cudaErrorInsufficientDriver:
+  case cudaErrorInitializationError:
+  case cudaErrorStubLibrary:
+  case cudaErrorCallRequiresNewerDriver:
+  case cudaErrorDevicesUnavailable:
+  case cudaErrorDeviceNotLicensed:
+  case cudaErrorSystemNotReady:
+  case cudaErrorSystemDriverMismatch:
+  case cudaErrorCompatNotSupportedOnDevice:
+    return GPUMEM_ERR_NO_BACKEND;
+  case cudaErrorInvalidDevice:
+    return GPUMEM_ERR_INVALID_DEVICE;
+  case cudaErrorNotSupported:
+    return GPUMEM_ERR_NOT_SUPPORTED;
+  default:
+    return GPUMEM_ERR_BACKEND;
+  }
+}
+
+static const char *gb_error_string(int code) {
+  const char *s = cudaGetErrorString((cudaError_t)code);
+  /* a driver-only code the runtime does not know: ask the driver */
+  if ((!s || strstr(s, "unrecognized")) && g_drv.get_error_string) {
+    const char *d = NULL;
+    if (g_drv.get_error_string((CUresult)code, &d) == CUDA_SUCCESS && d) return d;
+  }
+  return s ? s : "unknown CUDA error";
+}
+
+/* ---- the methods shared with HIP ------------------------------------------- */
+
+#define GB_(name) cuda##name
+typedef cudaError_t GB_error_t;
+typedef struct cudaDeviceProp GB_prop_t;
+typedef cudaEvent_t GB_event_t;
+typedef cudaStream_t GB_stream_t;
+#define GB_ERR_NOT_READY cudaErrorNotReady
+#define GB_ERR_NO_DEVICE cudaErrorNoDevice
+#define GB_ERR_INVALID_VALUE cudaErrorInvalidValue
+#include "gpu_backend.h"
+
+/* ---- virtual memory (driver API) -------------------------------------------- */
+
+static int gb_vm_prop(int device, CUmemAllocationProp *prop) {
+  CUdevice d;
+  CUresult r;
+  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
+  r = g_drv.device_get(&d, device);
+  if (r != CUDA_SUCCESS) return (int)r;
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = (int)d;
+  return 0;
+}
+
+static int cuda_vm_granularity(gpumem_backend *be, int device, size_t *granularity) {
+  CUmemAllocationProp prop;
+  gb_saved s;
+  size_t g = 0;
+  int supported = 0, rc;
+  (void)be;
+  if (!granularity) return (int)cudaErrorInvalidValue;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = gb_vm_prop(device, &prop);
+  if (rc == 0)
+    rc = (int)g_drv.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                         (CUdevice)prop.location.id);
+  if (rc == 0 && !supported) rc = (int)cudaErrorNotSupported;
+  if (rc == 0) rc = (int)g_drv.mem_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  gb_leave(&s);
+  if (rc != 0) return rc;
+  *granularity = g;
+  return 0;
+}
+
+static int cuda_vm_reserve(gpumem_backend *be, int device, size_t size, void **va) {
+  gb_saved s;
+  CUdeviceptr p = 0;
+  int rc;
+  (void)be;
+  if (!va) return (int)cudaErrorInvalidValue;
+  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = (int)g_drv.mem_reserve(&p, size, 0, 0, 0);
+  gb_leave(&s);
+  if (rc != 0) return rc;
+  *va = (void *)(uintptr_t)p;
+  return 0;
+}
+
+static int cuda_vm_release(gpumem_backend *be, int device, void *va, size_t size) {
+  gb_saved s;
+  int rc;
+  (void)be;
+  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = (int)g_drv.mem_address_free((CUdeviceptr)(uintptr_t)va, size);
+  gb_leave(&s);
+  return rc;
+}
+
+static int cuda_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h) {
+  CUmemAllocationProp prop;
+  CUmemGenericAllocationHandle handle = 0;
+  gb_saved s;
+  int rc;
+  (void)be;
+  if (!h) return (int)cudaErrorInvalidValue;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = gb_vm_prop(device, &prop);
+  if (rc == 0) rc = (int)g_drv.mem_create(&handle, size, &prop, 0);
+  gb_leave(&s);
+  if (rc != 0) return rc;
+  *h = (gpumem_phys_handle)handle;
+  return 0;
+}
+
+static int cuda_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) {
+  gb_saved s;
+  int rc;
+  (void)be;
+  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = (int)g_drv.mem_release((CUmemGenericAllocationHandle)h);
+  gb_leave(&s);
+  return rc;
+}
+
+static int cuda_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
+  CUmemAccessDesc access;
+  CUdevice d;
+  gb_saved s;
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)va;
+  int rc;
+  (void)be;
+  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = (int)g_drv.device_get(&d, device);
+  if (rc == 0) rc = (int)g_drv.mem_map(p, size, 0, (CUmemGenericAllocationHandle)h, 0);
+  if (rc == 0) {
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = (int)d;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    rc = (int)g_drv.mem_set_access(p, size, &access, 1);
+    if (rc != 0) (void)g_drv.mem_unmap(p, size); /* nothing changes on failure */
+  }
+  gb_leave(&s);
+  return rc;
+}
+
+static int cuda_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
+  gb_saved s;
+  int rc;
+  (void)be;
+  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
+  rc = gb_enter(device, &s);
+  if (rc != 0) return rc;
+  rc = (int)g_drv.mem_unmap((CUdeviceptr)(uintptr_t)va, size);
+  gb_leave(&s);
+  return rc;
+}
+
+const gpumem_backend gpumem__cuda_backend = {
+    .version = GPUMEM_BACKEND_VERSION,
+    .struct_size = sizeof(gpumem_backend),
+    .name = "cuda",
+    .user_data = NULL,
+    .init = gb_init,
+    .shutdown = gb_shutdown,
+    .device_count = gb_device_count,
+    .device_info = gb_device_info,
+    .mem_get_info = gb_mem_get_info,
+    .malloc = gb_malloc,
+    .free = gb_free,
+    .event_create = gb_event_create,
+    .event_destroy = gb_event_destroy,
+    .event_record = gb_event_record,
+    .event_query = gb_event_query,
+    .event_synchronize = gb_event_synchronize,
+    .stream_synchronize = gb_stream_synchronize,
+    .device_synchronize = gb_device_synchronize,
+    .device_reset = gb_device_reset,
+    .error_status = gb_be_error_status,
+    .error_string = gb_be_error_string,
+    .vm_granularity = cuda_vm_granularity,
+    .vm_reserve = cuda_vm_reserve,
+    .vm_release = cuda_vm_release,
+    .vm_create = cuda_vm_create,
+    .vm_destroy = cuda_vm_destroy,
+    .vm_map = cuda_vm_map,
+    .vm_unmap = cuda_vm_unmap,
+};
