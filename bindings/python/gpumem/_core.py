@@ -1,0 +1,664 @@
+"""High-level Python API: :class:`Context`, :class:`Buffer`, :class:`Scope`."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import warnings
+import weakref
+from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+from . import capi
+from .errors import GpumemError, InvalidArgumentError, make_error
+
+__all__ = ["Context", "Buffer", "Scope", "stream_handle", "ALL_DEVICES", "UNLIMITED"]
+
+ALL_DEVICES: int = capi.ALL_DEVICES
+UNLIMITED: int = capi.UNLIMITED
+
+StreamLike = Union[None, int, Any]
+OomCallback = Callable[[int, int], Any]
+LogCallback = Callable[[int, str], Any]
+
+_LOG_LEVELS = {
+    "debug": capi.LOG_DEBUG,
+    "info": capi.LOG_INFO,
+    "warn": capi.LOG_WARN,
+    "warning": capi.LOG_WARN,
+    "error": capi.LOG_ERROR,
+    "off": capi.LOG_OFF,
+}
+
+
+def _check(status: int, handle: Optional[int] = None, detail: Optional[str] = None) -> None:
+    if status != 0:
+        raise make_error(status, handle, detail)
+
+
+def _closed_error() -> GpumemError:
+    return InvalidArgumentError(
+        capi.STATUS["ERR_INVALID_ARGUMENT"],
+        capi.status_name(capi.STATUS["ERR_INVALID_ARGUMENT"]),
+        "the context is closed",
+    )
+
+
+def stream_handle(stream: StreamLike) -> Optional[int]:
+    """Turn a stream-like object into a raw handle (None = default stream).
+
+    Accepts None, an int (a ``cudaStream_t``/``hipStream_t`` value; 0 is the
+    default stream), a ``ctypes.c_void_p``, or an object with a ``ptr``
+    (CuPy ``Stream``), ``cuda_stream`` (``torch.cuda.Stream``) or ``handle``
+    attribute holding such an int.
+    """
+    if stream is None:
+        return None
+    if isinstance(stream, bool):
+        raise TypeError("a stream cannot be a bool")
+    if isinstance(stream, int):
+        if stream < 0 or stream >= (1 << 64):
+            raise InvalidArgumentError(
+                capi.STATUS["ERR_INVALID_ARGUMENT"],
+                capi.status_name(capi.STATUS["ERR_INVALID_ARGUMENT"]),
+                "stream handle %d is out of range" % stream,
+            )
+        return stream or None
+    if isinstance(stream, c_void_p):
+        return stream.value or None
+    for attr in ("ptr", "cuda_stream", "handle"):
+        value = getattr(stream, attr, None)
+        if value is not None and not callable(value):
+            return stream_handle(int(value))
+    raise TypeError(
+        "expected None, an int or an object with .ptr, .cuda_stream or .handle as a stream, got %r"
+        % type(stream).__name__
+    )
+
+
+class _State:
+    """What a context shares with its buffers, scopes and finalizers.
+
+    Kept apart from :class:`Context` so that finalizers never hold the
+    Context itself. ``cond`` guards ``closed``, ``active`` (C calls in
+    flight) and the registries of live buffers and open scopes.
+    """
+
+    def __init__(self, handle: int, owned: bool, keep: Tuple[Any, ...] = ()) -> None:
+        self.handle = handle
+        self.owned = owned
+        self.keep = keep  # ctypes callback objects: must outlive the C context
+        self.cond = threading.Condition(threading.RLock())
+        self.active = 0
+        self.closed = False
+        self.live: Dict[int, Tuple[weakref.finalize, int]] = {}  # ptr -> (finalizer, device)
+        self.scopes: Dict[int, weakref.finalize] = {}  # id -> finalizer
+
+    def enter(self) -> int:
+        with self.cond:
+            if self.closed:
+                raise _closed_error()
+            self.active += 1
+            return self.handle
+
+    def leave(self) -> None:
+        with self.cond:
+            self.active -= 1
+            if self.active == 0:
+                self.cond.notify_all()
+
+
+def _free_block(state: _State, ptr: int, stream: Optional[int], tag: Optional[bytes]) -> int:
+    """Finalizer body of a Buffer: free once, unless the context is closed. Returns the status."""
+    del tag  # kept alive until now only
+    with state.cond:
+        state.live.pop(ptr, None)
+        if state.closed:
+            return 0
+        state.active += 1
+    try:
+        return int(capi.lib.gpumem_free(state.handle, ptr, stream))
+    finally:
+        state.leave()
+
+
+def _end_scope(state: _State, key: int, scope_handle: int) -> int:
+    """Finalizer body of a Scope: end it once, unless the context is closed."""
+    with state.cond:
+        state.scopes.pop(key, None)
+        if state.closed:
+            return 0
+        state.active += 1
+    try:
+        return int(capi.lib.gpumem_scope_end(scope_handle))
+    finally:
+        state.leave()
+
+
+def _close_state(state: _State, force: bool) -> int:
+    """Destroy the C context of an owned state (at most once). Returns the status."""
+    with state.cond:
+        if state.closed:
+            return 0
+        state.closed = True  # refuse new calls; frees from finalizers become no-ops
+        while state.active:
+            state.cond.wait()
+        if not state.owned:
+            return 0
+        if not force:
+            status = int(capi.lib.gpumem_destroy(state.handle, 0))
+            if status != 0:
+                state.closed = False
+                state.cond.notify_all()
+            return status
+        for fin in list(state.scopes.values()):
+            info = fin.detach()
+            if info is not None:
+                capi.lib.gpumem_scope_end(info[2][2])
+        state.scopes.clear()
+        for fin, _dev in list(state.live.values()):
+            fin.detach()
+        state.live.clear()
+        return int(capi.lib.gpumem_destroy(state.handle, capi.DESTROY_FORCE))
+
+
+def _finalize_context(state: _State) -> None:
+    try:
+        _close_state(state, True)
+    except Exception:  # pragma: no cover - never raise from a finalizer
+        pass
+
+
+def _wrap_oom(fn: OomCallback):
+    def oom(_user: Optional[int], device: int, requested: int) -> int:
+        try:
+            return 1 if fn(device, requested) else 0
+        except BaseException:  # noqa: BLE001 - must not propagate into C
+            sys.unraisablehook(_Unraisable(sys.exc_info(), "gpumem oom_callback", fn))
+            return 0
+
+    return capi.OOM_FN(oom)
+
+
+def _wrap_log(fn: LogCallback):
+    def log(_user: Optional[int], level: int, msg: Optional[bytes]) -> None:
+        try:
+            fn(level, (msg or b"").decode("utf-8", "replace"))
+        except BaseException:  # noqa: BLE001 - must not propagate into C
+            sys.unraisablehook(_Unraisable(sys.exc_info(), "gpumem log_callback", fn))
+
+    return capi.LOG_FN(log)
+
+
+class _Unraisable:
+    def __init__(self, exc_info, msg: str, obj: Any) -> None:
+        self.exc_type, self.exc_value, self.exc_traceback = exc_info
+        self.err_msg = "Exception ignored in " + msg
+        self.object = obj
+
+
+class Context:
+    """A libgpumem context: one backend, one lazily created pool per device.
+
+    Keyword names are the fields of ``gpumem_config``; ``GPUMEM_*``
+    environment variables override them unless ``flags`` contains
+    :data:`gpumem.capi.CONFIG_NO_ENV`.
+
+    Args:
+        backend: ``"auto"`` (None), ``"cuda"``, ``"hip"`` or ``"sim"``.
+        release_threshold: cached free bytes a device pool may keep; None = unlimited.
+        trim_free_fraction: give cached memory back when the device's free
+            memory falls below this fraction of its total (0 disables).
+        limit_bytes: hard cap on bytes reserved per device (0 = none).
+        limit_fraction: hard cap as a fraction of the device's total (0 = none).
+        initial_bytes: bytes preallocated on a device's first use.
+        log_level: minimum level logged: an int (0 debug .. 4 off) or one of
+            ``"debug" "info" "warn" "error" "off"``; None keeps the library default (warn).
+        oom_callback: ``f(device, requested_bytes) -> bool`` called when a
+            device is out of memory after trimming and retrying; return True
+            after freeing memory to ask for one more retry. It may free
+            buffers and trim, but should not allocate from this context.
+        log_callback: ``f(level, message)``, called from any thread; must not
+            call into this context.
+        flags: ``gpumem_config.flags`` bits.
+
+    A context is a context manager: leaving the ``with`` block closes it.
+    Closing ends open scopes, marks the remaining :class:`Buffer` objects
+    dead (their later :meth:`Buffer.free` does nothing) and destroys the C
+    context with ``GPUMEM_DESTROY_FORCE``, which frees their memory. A
+    context that is garbage collected is closed the same way.
+
+    All methods may be called from several threads at once, except that
+    :meth:`close` must not race with the use of buffers being freed.
+    """
+
+    def __init__(
+        self,
+        backend: Optional[str] = None,
+        release_threshold: Optional[int] = None,
+        trim_free_fraction: float = 0.10,
+        limit_bytes: int = 0,
+        limit_fraction: float = 0.0,
+        initial_bytes: int = 0,
+        log_level: Union[int, str, None] = None,
+        oom_callback: Optional[OomCallback] = None,
+        log_callback: Optional[LogCallback] = None,
+        flags: int = 0,
+    ) -> None:
+        cfg = capi.Config()
+        capi.lib.gpumem_config_init(byref(cfg))
+        cfg.flags = int(flags)
+        backend_b = None if backend is None else str(backend).encode("utf-8")
+        cfg.backend = backend_b
+        cfg.release_threshold = capi.UNLIMITED if release_threshold is None else _u64(release_threshold, "release_threshold")
+        cfg.trim_free_fraction = float(trim_free_fraction)
+        cfg.limit_bytes = _u64(limit_bytes, "limit_bytes")
+        cfg.limit_fraction = float(limit_fraction)
+        cfg.initial_bytes = _u64(initial_bytes, "initial_bytes")
+        if log_level is not None:
+            if isinstance(log_level, str):
+                try:
+                    log_level = _LOG_LEVELS[log_level.lower()]
+                except KeyError:
+                    raise _arg_error("unknown log level %r" % log_level) from None
+            cfg.log_level = int(log_level)
+        keep: Tuple[Any, ...] = (backend_b,)
+        if oom_callback is not None:
+            oom_c = _wrap_oom(oom_callback)
+            cfg.oom_callback = oom_c
+            keep += (oom_c, oom_callback)
+        if log_callback is not None:
+            log_c = _wrap_log(log_callback)
+            cfg.log_callback = log_c
+            keep += (log_c, log_callback)
+        out = c_void_p()
+        _check(capi.lib.gpumem_create(byref(cfg), byref(out)))
+        self._init_state(_State(int(out.value), True, keep))
+
+    @classmethod
+    def _wrap(cls, handle: int, owned: bool) -> "Context":
+        """Wrap an existing C context (``owned=False``: never destroyed by Python)."""
+        self = cls.__new__(cls)
+        self._init_state(_State(int(handle), owned))
+        return self
+
+    def _init_state(self, state: _State) -> None:
+        self._state = state
+        self._finalizer = weakref.finalize(self, _finalize_context, state) if state.owned else None
+
+    # -- lifetime ------------------------------------------------------------
+
+    def close(self, force: bool = True) -> None:
+        """Destroy the context (only the first call does anything).
+
+        With ``force`` (the default) remaining buffers and scopes are freed
+        with it and a :class:`ResourceWarning` names how many there were.
+        With ``force=False`` a context that still has live allocations is
+        left open and :class:`gpumem.BusyError` is raised (the library logs
+        a leak report). A context that Python did not create (such as
+        :func:`gpumem.torch.context`) is never destroyed: closing it does nothing.
+        """
+        state = self._state
+        if not state.owned:
+            return
+        with state.cond:
+            n_live, n_scopes = len(state.live), len(state.scopes)
+        status = _close_state(state, force)
+        if status != 0:
+            raise make_error(status, state.handle if not state.closed else None)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if force and (n_live or n_scopes):
+            warnings.warn(
+                "gpumem.Context closed with %d live buffer(s) and %d open scope(s); freed them" % (n_live, n_scopes),
+                ResourceWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def closed(self) -> bool:
+        """True once the context was closed."""
+        return self._state.closed
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._state.closed:
+            return "<gpumem.Context closed>"
+        return "<gpumem.Context backend=%r handle=0x%x>" % (self.backend, self._state.handle)
+
+    @property
+    def handle(self) -> int:
+        """The raw ``gpumem_context *`` as an int, for the C API (:mod:`gpumem.capi`)."""
+        if self._state.closed:
+            raise _closed_error()
+        return self._state.handle
+
+    # -- devices -------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        """Name of the backend in use: ``"cuda"``, ``"hip"``, ``"sim"`` or a custom one."""
+        h = self._state.enter()
+        try:
+            return (capi.lib.gpumem_backend_name(h) or b"").decode("utf-8", "replace")
+        finally:
+            self._state.leave()
+
+    @property
+    def device_count(self) -> int:
+        """Number of devices visible to the backend."""
+        n = c_int(0)
+        self._call(capi.lib.gpumem_device_count, byref(n))
+        return n.value
+
+    def device_info(self, device: int = 0) -> Dict[str, Any]:
+        """Information about one visible device.
+
+        Returns a dict with ``ordinal``, ``name``, ``uuid``, ``pci_bus_id``,
+        ``total_bytes``, ``free_bytes`` and ``physical_index``.
+        """
+        info = capi.DeviceInfo()
+        info.struct_size = ctypes.sizeof(capi.DeviceInfo)
+        self._call(capi.lib.gpumem_device_get_info, int(device), byref(info))
+        return {
+            "ordinal": info.ordinal,
+            "name": info.name.decode("utf-8", "replace"),
+            "uuid": info.uuid.decode("utf-8", "replace"),
+            "pci_bus_id": info.pci_bus_id.decode("utf-8", "replace"),
+            "total_bytes": info.total_bytes,
+            "free_bytes": info.free_bytes,
+            "physical_index": info.physical_index,
+        }
+
+    # -- allocation ----------------------------------------------------------
+
+    def alloc(self, nbytes: int, device: int = 0, stream: StreamLike = None, tag: Optional[str] = None) -> "Buffer":
+        """Allocate ``nbytes`` on ``device``, ready for work queued on ``stream``.
+
+        Returns a :class:`Buffer` that frees the memory on ``stream`` when
+        :meth:`Buffer.free` is called, when its ``with`` block ends, or when
+        it is garbage collected. ``nbytes == 0`` gives a buffer with ptr 0.
+        ``tag`` is shown in the library's leak reports.
+        """
+        nbytes = _size(nbytes)
+        s = stream_handle(stream)
+        tag_b = None if tag is None else str(tag).encode("utf-8")
+        out = c_void_p()
+        state = self._state
+        h = state.enter()
+        try:
+            if tag_b is None:
+                status = capi.lib.gpumem_alloc(h, int(device), nbytes, s, byref(out))
+            else:
+                status = capi.lib.gpumem_alloc_tagged(h, int(device), nbytes, s, tag_b, byref(out))
+            _check(status, h)
+            ptr = out.value or 0
+            return Buffer._make(self, ptr, nbytes, int(device), s, tag_b)
+        finally:
+            state.leave()
+
+    def free(self, ptr: int, stream: StreamLike = None) -> None:
+        """Free a raw pointer from the C API (``gpumem_free``). Buffers use :meth:`Buffer.free`."""
+        self._call(capi.lib.gpumem_free, int(ptr) or None, stream_handle(stream))
+
+    def ptr_info(self, ptr: int) -> Tuple[int, int]:
+        """``(requested size, device)`` of a live allocation starting at ``ptr``."""
+        size, dev = c_size_t(0), c_int(0)
+        self._call(capi.lib.gpumem_ptr_info, int(ptr) or None, byref(size), byref(dev))
+        return size.value, dev.value
+
+    def scope(self, device: int = 0, stream: StreamLike = None) -> "Scope":
+        """Begin a :class:`Scope`: everything allocated in it is freed when it ends."""
+        return Scope(self, device, stream)
+
+    # -- trimming, reset, stats ----------------------------------------------
+
+    def trim(self, device: int = ALL_DEVICES, keep_bytes: int = 0) -> int:
+        """Give cached memory back, keeping at most ``keep_bytes`` cached per device. Returns bytes released."""
+        released = c_uint64(0)
+        self._call(capi.lib.gpumem_trim, int(device), _u64(keep_bytes, "keep_bytes"), byref(released))
+        return released.value
+
+    def reset(self, device: int = 0, reset_device: bool = False) -> None:
+        """Synchronise ``device`` (or :data:`ALL_DEVICES`), invalidate its allocations, give its memory back.
+
+        The :class:`Buffer` objects of this context on that device are marked
+        dead first, so their later :meth:`Buffer.free` does nothing. Raw
+        pointers become invalid (freeing one raises
+        :class:`gpumem.InvalidPointerError`). ``reset_device=True`` also
+        resets the device for the whole process (cudaDeviceReset): every
+        allocation of every library on it is destroyed. Dangerous; opt-in.
+        """
+        state = self._state
+        with state.cond:
+            for ptr, (fin, dev) in list(state.live.items()):
+                if device == ALL_DEVICES or dev == device:
+                    fin.detach()
+                    state.live.pop(ptr, None)
+        self._call(capi.lib.gpumem_reset, int(device), capi.RESET_DEVICE if reset_device else 0)
+
+    def stats(self, device: int = ALL_DEVICES) -> Dict[str, int]:
+        """Statistics of one device, or summed over all: a dict keyed by the ``gpumem_stats`` field names."""
+        st = capi.Stats()
+        st.struct_size = ctypes.sizeof(capi.Stats)
+        self._call(capi.lib.gpumem_get_stats, int(device), byref(st))
+        return {name: getattr(st, name) for name in capi.STATS_FIELDS}
+
+    def reset_peak_stats(self, device: int = ALL_DEVICES) -> None:
+        """Reset ``allocated_peak`` and ``reserved_peak`` to the current values."""
+        self._call(capi.lib.gpumem_reset_peak_stats, int(device))
+
+    # -- helpers -------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., int], *args: Any) -> None:
+        state = self._state
+        h = state.enter()
+        try:
+            _check(fn(h, *args), h)
+        finally:
+            state.leave()
+
+
+class Buffer:
+    """An allocation owned by Python.
+
+    Attributes:
+        ptr: device address (int; 0 for an empty buffer).
+        size: requested size in bytes.
+        device: device ordinal.
+        stream: raw stream handle (None = default stream); it is freed on it.
+        context: the owning :class:`Context` (kept alive by the buffer).
+
+    :meth:`free` frees it; calling it again, or after the context was
+    closed or reset, does nothing. A buffer that is never freed is freed
+    exactly once when it is garbage collected (unless its context was
+    closed first, which already freed it). It is a context manager and
+    exposes ``__cuda_array_interface__`` as a 1-D ``uint8`` array.
+    """
+
+    __slots__ = ("ptr", "size", "device", "stream", "context", "_fin", "__weakref__")
+
+    ptr: int
+    size: int
+    device: int
+    stream: Optional[int]
+    context: Context
+
+    @classmethod
+    def _make(cls, ctx: Context, ptr: int, size: int, device: int, stream: Optional[int], tag: Optional[bytes]) -> "Buffer":
+        self = cls.__new__(cls)
+        self.ptr, self.size, self.device, self.stream, self.context = ptr, size, device, stream, ctx
+        self._fin: Optional[weakref.finalize] = None
+        if ptr:
+            state = ctx._state
+            fin = weakref.finalize(self, _free_block, state, ptr, stream, tag)
+            fin.atexit = False  # the context's own finalizer frees everything at exit
+            with state.cond:
+                state.live[ptr] = (fin, device)
+            self._fin = fin
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """True while the memory is allocated and owned by this buffer."""
+        return self._fin is not None and self._fin.alive
+
+    def free(self) -> None:
+        """Free the memory on the buffer's stream. Harmless if already freed or the context is closed."""
+        fin = self._fin
+        if fin is None:
+            return
+        status = fin()
+        if status:
+            raise make_error(status, self.context._state.handle if not self.context._state.closed else None)
+
+    release = free
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return "<gpumem.Buffer ptr=0x%x size=%d device=%d%s>" % (
+            self.ptr,
+            self.size,
+            self.device,
+            "" if self.alive or not self.ptr else " freed",
+        )
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """CUDA Array Interface (version 3): a 1-D ``uint8`` array of ``size`` bytes.
+
+        ``stream`` is the allocation stream, so a consumer on another stream
+        waits for the work queued on it (1, the legacy default stream, when
+        the buffer was allocated on the default stream).
+        """
+        return {
+            "version": 3,
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "descr": [("", "|u1")],
+            "stream": self.stream if self.stream else 1,
+        }
+
+
+class Scope:
+    """A region on one device and stream: everything allocated in it is freed when it ends.
+
+    Use as a context manager (``with ctx.scope(device=0) as sc``) or call
+    :meth:`end`. A scope that is never ended is ended when garbage
+    collected, or when its context closes. One thread at a time may use a
+    scope (a lock enforces it).
+    """
+
+    def __init__(self, ctx: Context, device: int = 0, stream: StreamLike = None) -> None:
+        self.context = ctx
+        self.device = int(device)
+        self.stream = stream_handle(stream)
+        self._lock = threading.Lock()
+        self._tag: Optional[bytes] = None
+        out = c_void_p()
+        state = ctx._state
+        h = state.enter()
+        try:
+            _check(capi.lib.gpumem_scope_begin(h, self.device, self.stream, byref(out)), h)
+            self._handle = int(out.value)
+            key = id(self)
+            self._fin = weakref.finalize(self, _end_scope, state, key, self._handle)
+            self._fin.atexit = False
+            with state.cond:
+                state.scopes[key] = self._fin
+        finally:
+            state.leave()
+
+    @property
+    def active(self) -> bool:
+        """True until the scope ended."""
+        return self._fin.alive
+
+    def alloc(self, nbytes: int) -> int:
+        """Allocate ``nbytes`` in the scope; returns the device address (0 for 0 bytes)."""
+        nbytes = _size(nbytes)
+        out = c_void_p()
+        state = self.context._state
+        with self._lock:
+            if not self._fin.alive:
+                raise _arg_error("the scope has ended")
+            h = state.enter()
+            try:
+                _check(capi.lib.gpumem_scope_alloc(self._handle, nbytes, byref(out)), h)
+            finally:
+                state.leave()
+        return out.value or 0
+
+    def set_tag(self, tag: Optional[str]) -> None:
+        """Tag later allocations of the scope (shown in leak reports); None clears it."""
+        tag_b = None if tag is None else str(tag).encode("utf-8")
+        state = self.context._state
+        with self._lock:
+            if not self._fin.alive:
+                raise _arg_error("the scope has ended")
+            h = state.enter()
+            try:
+                _check(capi.lib.gpumem_scope_set_tag(self._handle, tag_b), h)
+                self._tag = tag_b  # must stay valid until the scope ends
+            finally:
+                state.leave()
+
+    def end(self) -> None:
+        """Free everything allocated in the scope. Harmless if already ended or the context is closed."""
+        with self._lock:
+            status = self._fin()
+        if status:
+            st = self.context._state
+            raise make_error(status, st.handle if not st.closed else None)
+
+    def __enter__(self) -> "Scope":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.end()
+
+
+def _arg_error(detail: str) -> InvalidArgumentError:
+    code = capi.STATUS["ERR_INVALID_ARGUMENT"]
+    return InvalidArgumentError(code, capi.status_name(code), detail)
+
+
+def _size(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        try:
+            n = n.__index__()
+        except AttributeError:
+            raise TypeError("a size must be an int, got %r" % type(n).__name__) from None
+    if n < 0 or n >= (1 << 64):
+        raise _arg_error("size %d is out of range" % n)
+    return n
+
+
+def _u64(n: Any, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        try:
+            n = n.__index__()
+        except AttributeError:
+            raise TypeError("%s must be an int, got %r" % (what, type(n).__name__)) from None
+    if n < 0 or n >= (1 << 64):
+        raise _arg_error("%s=%d is out of range" % (what, n))
+    return n
