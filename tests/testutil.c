@@ -141,6 +141,7 @@ void tu_ctx_done(gpumem_context *ctx) {
 
 int tu_setup(void **state) {
   (void)state;
+  tu_env_clean();
   return 0;
 }
 
@@ -436,7 +437,8 @@ void tu_env_clean(void) {
     if (!eq) continue;
     size_t len = (size_t)(eq - *e);
     int gp = len > 7 && strncmp(*e, "GPUMEM_", 7) == 0;
-    int cvd = len == strlen("CUDA_VISIBLE_DEVICES") && strncmp(*e, "CUDA_VISIBLE_DEVICES", len) == 0;
+    /* on a real GPU, CUDA_VISIBLE_DEVICES chooses the device the suite runs on: keep it */
+    int cvd = tu_is_sim() && len == strlen("CUDA_VISIBLE_DEVICES") && strncmp(*e, "CUDA_VISIBLE_DEVICES", len) == 0;
     if (!gp && !cvd) continue;
     if (len == strlen("GPUMEM_TEST_BACKEND") && strncmp(*e, "GPUMEM_TEST_BACKEND", len) == 0) continue;
     names[n] = (char *)malloc(len + 1);

@@ -43,6 +43,9 @@
 #define TU_MiB ((uint64_t)1024 * 1024)
 #define TU_GiB ((uint64_t)1024 * 1024 * 1024)
 
+/** cmocka_unit_test with tu_setup / tu_teardown. */
+#define TU_TEST(f) cmocka_unit_test_setup_teardown(f, tu_setup, tu_teardown)
+
 /* ---------------------------------------------------------------------- */
 /* Backend selection                                                       */
 
@@ -88,7 +91,10 @@ uint64_t tu_sim_used(int device);
 
 /** cmocka teardown: force-destroy leftovers, clear sim faults and delayed mode, restore environment. */
 int tu_teardown(void **state);
-/** cmocka setup that does nothing but makes the pairing explicit. */
+/**
+ * cmocka setup: tu_env_clean(), so every test starts from library defaults
+ * (ctest sets GPUMEM_LOG=off, which would override log levels).
+ */
 int tu_setup(void **state);
 
 /* ---------------------------------------------------------------------- */
@@ -167,7 +173,10 @@ void tu_log_dump(tu_log *log);
 void tu_setenv(const char *name, const char *value);
 /** Restore every variable changed by tu_setenv() since the last restore, newest first. */
 void tu_env_restore(void);
-/** Unset every GPUMEM_* variable (except GPUMEM_TEST_BACKEND) and CUDA_VISIBLE_DEVICES, saving them. */
+/**
+ * Unset every GPUMEM_* variable (except GPUMEM_TEST_BACKEND), and on sim also
+ * CUDA_VISIBLE_DEVICES, saving them for tu_env_restore().
+ */
 void tu_env_clean(void);
 
 /* ---------------------------------------------------------------------- */
