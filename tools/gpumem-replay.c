@@ -1,0 +1,332 @@
+/*
+ * gpumem-replay: replay allocation traces (shared/traces/README.md format)
+ * through libgpumem and report fragmentation and speed.
+ *
+ *   gpumem-replay [--backend NAME] [--device N] [--repeat N] [--sample-used] [--json] TRACE...
+ *
+ * For each trace: events, allocs, peak live bytes (largest sum of live
+ * requested sizes), peak reserved bytes (gpumem_stats.reserved_peak), their
+ * ratio, and ns per event (wall time of the replay loop / events; the median
+ * over --repeat runs). Each distinct STREAM value gets a stream of its own
+ * (0 = the default stream). IDs never freed stay live until the context is
+ * destroyed with GPUMEM_DESTROY_FORCE.
+ *
+ * --sample-used: one extra (untimed) run that reads the backend's used
+ * memory after every allocation (gpumem_sim_used_bytes on sim, total - free
+ * of gpumem_device_get_info minus the used memory before the run elsewhere)
+ * and reports its peak.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpumem.h"
+#include "gpumem/sim.h"
+#include "tools_common.h"
+
+typedef struct options {
+  const char *backend;
+  int device;
+  int repeat;
+  int sample_used;
+  int json;
+} options;
+
+typedef struct result {
+  int ok;
+  char error[256];
+  double ns_per_event;     /* median */
+  double *ns_runs;
+  uint64_t reserved_peak;
+  uint64_t allocated_peak;
+  uint64_t backend_allocs;
+  uint64_t num_trims;
+  uint64_t used_peak;      /* --sample-used */
+  int used_sampled;
+  int streams_null;        /* backend without stream support in the tools: NULL for all */
+} result;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: gpumem-replay [options] TRACE...\n"
+          "  --backend NAME   sim (default), cuda, hip or auto\n"
+          "  --device N       device ordinal (default 0)\n"
+          "  --repeat N       timed runs per trace; ns/event is their median (default 1)\n"
+          "  --sample-used    one more run reading the backend's used memory after every allocation\n"
+          "  --json           JSON output\n"
+          "Traces: gzip text, 'a ID SIZE STREAM' / 'f ID' lines (reader: %s).\n"
+          "On sim, GPUMEM_SIM_DEVICES defaults to 1x141GiB here.\n",
+          tools_trace_reader());
+}
+
+static uint64_t used_now(gpumem_context *ctx, const char *backend, int device, uint64_t base, int *ok) {
+  uint64_t used = 0;
+  if (!strcmp(backend, "sim")) {
+    if (gpumem_sim_used_bytes(device, &used) != GPUMEM_OK) *ok = 0;
+    return used;
+  }
+  gpumem_device_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  if (gpumem_device_get_info(ctx, device, &info) != GPUMEM_OK) {
+    *ok = 0;
+    return 0;
+  }
+  used = info.total_bytes - info.free_bytes;
+  return used > base ? used - base : 0;
+}
+
+/* One replay. Returns 0 or -1 (message in r->error). */
+static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpumem_stream *streams,
+                       int sample, double *ns, result *r) {
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = o->backend;
+  gpumem_context *ctx = NULL;
+  gpumem_status st = gpumem_create(&cfg, &ctx);
+  if (st != GPUMEM_OK) {
+    snprintf(r->error, sizeof r->error, "gpumem_create(%s): %s", o->backend, gpumem_status_name(st));
+    return -1;
+  }
+  const char *bname = gpumem_backend_name(ctx);
+  uint64_t base = 0;
+  int used_ok = 1;
+  if (sample && strcmp(bname, "sim") != 0) base = used_now(ctx, bname, o->device, 0, &used_ok);
+  uint64_t used_peak = 0;
+  int dev = o->device;
+  const tools_event *ev = t->events;
+  size_t n = t->num_events;
+  size_t i;
+  uint64_t t0 = tools_now_ns();
+  if (!sample) {
+    for (i = 0; i < n; i++) {
+      const tools_event *e = &ev[i];
+      if (e->is_alloc)
+        st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
+      else
+        st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
+      if (st != GPUMEM_OK) break;
+    }
+  } else {
+    for (i = 0; i < n; i++) {
+      const tools_event *e = &ev[i];
+      if (e->is_alloc) {
+        st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
+        if (st != GPUMEM_OK) break;
+        uint64_t u = used_now(ctx, bname, dev, base, &used_ok);
+        if (u > used_peak) used_peak = u;
+      } else {
+        st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
+        if (st != GPUMEM_OK) break;
+      }
+    }
+  }
+  tools_device_sync(bname, dev);
+  uint64_t t1 = tools_now_ns();
+  int rc = 0;
+  if (st != GPUMEM_OK) {
+    snprintf(r->error, sizeof r->error, "event %zu (%s of %llu bytes): %s", i, ev[i].is_alloc ? "alloc" : "free",
+             (unsigned long long)ev[i].size, gpumem_status_name(st));
+    rc = -1;
+  }
+  gpumem_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  if (gpumem_get_stats(ctx, dev, &s) == GPUMEM_OK) {
+    r->reserved_peak = s.reserved_peak;
+    r->allocated_peak = s.allocated_peak;
+    r->backend_allocs = s.num_backend_allocs;
+    r->num_trims = s.num_trims;
+  }
+  if (sample) {
+    r->used_peak = used_peak;
+    r->used_sampled = used_ok;
+  }
+  *ns = n ? (double)(t1 - t0) / (double)n : 0.0;
+  st = gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
+  if (st != GPUMEM_OK && rc == 0) {
+    snprintf(r->error, sizeof r->error, "gpumem_destroy(FORCE): %s", gpumem_status_name(st));
+    rc = -1;
+  }
+  return rc;
+}
+
+static void replay_trace(const options *o, const tools_trace *t, result *r) {
+  memset(r, 0, sizeof *r);
+  void **ptrs = calloc(t->num_allocs ? t->num_allocs : 1, sizeof *ptrs);
+  gpumem_stream *streams = calloc(t->num_streams ? t->num_streams : 1, sizeof *streams);
+  r->ns_runs = calloc((size_t)o->repeat, sizeof *r->ns_runs);
+  if (!ptrs || !streams || !r->ns_runs) {
+    snprintf(r->error, sizeof r->error, "out of host memory");
+    goto out;
+  }
+  /* stream index with value 0 is the default stream */
+  size_t def = t->num_streams;
+  for (size_t k = 0; k < t->num_streams; k++)
+    if (t->stream_values[k] == 0) def = k;
+  /* build streams so that the index of value 0 maps to NULL */
+  gpumem_stream *tmp = calloc(t->num_streams + 1, sizeof *tmp);
+  if (!tmp) {
+    snprintf(r->error, sizeof r->error, "out of host memory");
+    goto out;
+  }
+  /* resolve the backend name first ("auto") with a throw-away context */
+  const char *bname = o->backend;
+  gpumem_context *probe = NULL;
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = o->backend;
+  gpumem_status st = gpumem_create(&cfg, &probe);
+  if (st != GPUMEM_OK) {
+    snprintf(r->error, sizeof r->error, "gpumem_create(%s): %s", o->backend, gpumem_status_name(st));
+    free(tmp);
+    goto out;
+  }
+  char bbuf[32];
+  snprintf(bbuf, sizeof bbuf, "%s", gpumem_backend_name(probe));
+  bname = bbuf;
+  size_t nonzero = t->num_streams - (def < t->num_streams);
+  char err[256] = "";
+  int all_null = 0;
+  if (tools_streams_create(bname, o->device, nonzero + 1, 1, tmp, &all_null, err, sizeof err) != 0) {
+    snprintf(r->error, sizeof r->error, "%s", err);
+    gpumem_destroy(probe, GPUMEM_DESTROY_FORCE);
+    free(tmp);
+    goto out;
+  }
+  r->streams_null = all_null;
+  for (size_t k = 0, j = 1; k < t->num_streams; k++) streams[k] = (k == def) ? NULL : tmp[j++];
+
+  int ok = 1;
+  for (int rep = 0; rep < o->repeat && ok; rep++)
+    if (replay_once(o, t, ptrs, streams, 0, &r->ns_runs[rep], r) != 0) ok = 0;
+  if (ok && o->sample_used) {
+    double ns_sampled;
+    result rs = *r;
+    if (replay_once(o, t, ptrs, streams, 1, &ns_sampled, &rs) != 0) {
+      ok = 0;
+      memcpy(r->error, rs.error, sizeof r->error);
+    } else {
+      r->used_peak = rs.used_peak;
+      r->used_sampled = rs.used_sampled;
+    }
+  }
+  r->ok = ok;
+  if (ok) r->ns_per_event = tools_median(r->ns_runs, (size_t)o->repeat);
+  tools_streams_destroy(bname, o->device, nonzero + 1, tmp);
+  gpumem_destroy(probe, GPUMEM_DESTROY_FORCE);
+  free(tmp);
+out:
+  free(ptrs);
+  free(streams);
+}
+
+static const char *base_name(const char *p) {
+  const char *s = strrchr(p, '/');
+  return s ? s + 1 : p;
+}
+
+int main(int argc, char **argv) {
+  options o = {.backend = "sim", .device = 0, .repeat = 1};
+  int first = argc;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--backend") && i + 1 < argc) o.backend = argv[++i];
+    else if (!strcmp(a, "--device") && i + 1 < argc) o.device = atoi(argv[++i]);
+    else if (!strcmp(a, "--repeat") && i + 1 < argc) o.repeat = atoi(argv[++i]);
+    else if (!strcmp(a, "--sample-used")) o.sample_used = 1;
+    else if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--")) {
+      first = i + 1;
+      break;
+    } else if (a[0] == '-') {
+      fprintf(stderr, "gpumem-replay: unknown option %s\n", a);
+      usage(stderr);
+      return 2;
+    } else {
+      first = i;
+      break;
+    }
+  }
+  if (first >= argc || o.repeat < 1) {
+    usage(stderr);
+    return 2;
+  }
+  int sim_sized = 0;
+  if (!strcmp(o.backend, "sim") || !strcmp(o.backend, "auto")) sim_sized = tools_default_sim_devices("1x141GiB");
+
+  int failures = 0;
+  if (o.json)
+    printf("{\n  \"tool\": \"gpumem-replay\",\n  \"backend\": \"%s\",\n  \"device\": %d,\n  \"repeat\": %d,\n"
+           "  \"sim_devices\": ",
+           o.backend, o.device, o.repeat);
+  if (o.json) {
+    tools_json_string(stdout, getenv("GPUMEM_SIM_DEVICES"));
+    printf(",\n  \"traces\": [");
+  } else {
+    printf("gpumem-replay: backend %s, device %d, %d timed run(s) per trace%s%s\n", o.backend, o.device, o.repeat,
+           sim_sized ? ", GPUMEM_SIM_DEVICES=1x141GiB" : "",
+           !strcmp(o.backend, "sim") ? " (sim: CPU-only figures)" : "");
+    printf("%-22s %9s %8s %15s %15s %7s %9s%s\n", "trace", "events", "allocs", "peak_live", "peak_reserved", "ratio",
+           "ns/event", o.sample_used ? "       peak_used  used/live" : "");
+  }
+  for (int i = first; i < argc; i++) {
+    tools_trace t;
+    char err[512];
+    result r;
+    memset(&r, 0, sizeof r);
+    int loaded = tools_trace_load(argv[i], &t, err, sizeof err) == 0;
+    if (loaded) replay_trace(&o, &t, &r);
+    else snprintf(r.error, sizeof r.error, "%s", err);
+    if (!r.ok) failures++;
+    double ratio = (loaded && t.peak_live) ? (double)r.reserved_peak / (double)t.peak_live : 0.0;
+    double uratio = (loaded && t.peak_live) ? (double)r.used_peak / (double)t.peak_live : 0.0;
+    if (o.json) {
+      printf("%s\n    {\"trace\": ", i == first ? "" : ",");
+      tools_json_string(stdout, argv[i]);
+      printf(", \"ok\": %s", r.ok ? "true" : "false");
+      if (!r.ok) {
+        printf(", \"error\": ");
+        tools_json_string(stdout, r.error);
+      }
+      if (loaded) {
+        printf(", \"workload\": ");
+        tools_json_string(stdout, t.workload);
+        printf(", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, \"unmatched_frees\": %zu, \"streams\": %zu"
+               ", \"peak_live_bytes\": %llu",
+               t.num_events, t.num_allocs, t.num_frees, t.num_unmatched_frees, t.num_streams,
+               (unsigned long long)t.peak_live);
+        if (t.pytorch_max_reserved)
+          printf(", \"pytorch_max_reserved\": %llu", (unsigned long long)t.pytorch_max_reserved);
+      }
+      if (r.ok) {
+        printf(", \"peak_reserved_bytes\": %llu, \"ratio\": %.4f, \"allocated_peak\": %llu"
+               ", \"backend_allocs\": %llu, \"trims\": %llu, \"ns_per_event\": %.2f, \"ns_per_event_runs\": [",
+               (unsigned long long)r.reserved_peak, ratio, (unsigned long long)r.allocated_peak,
+               (unsigned long long)r.backend_allocs, (unsigned long long)r.num_trims, r.ns_per_event);
+        for (int k = 0; k < o.repeat; k++) printf("%s%.2f", k ? ", " : "", r.ns_runs[k]);
+        printf("], \"streams_all_null\": %s", r.streams_null ? "true" : "false");
+        if (o.sample_used)
+          printf(", \"peak_used_bytes\": %llu, \"used_ratio\": %.4f, \"used_sampled\": %s",
+                 (unsigned long long)r.used_peak, uratio, r.used_sampled ? "true" : "false");
+      }
+      printf("}");
+    } else if (r.ok) {
+      printf("%-22s %9zu %8zu %15llu %15llu %7.3f %9.1f", base_name(argv[i]), t.num_events, t.num_allocs,
+             (unsigned long long)t.peak_live, (unsigned long long)r.reserved_peak, ratio, r.ns_per_event);
+      if (o.sample_used) printf(" %15llu %10.3f%s", (unsigned long long)r.used_peak, uratio, r.used_sampled ? "" : " (sampling failed)");
+      printf("\n");
+      if (r.streams_null) printf("  note: %zu streams replayed on the default stream (no stream support for this backend in the tools)\n", t.num_streams);
+      if (t.num_unmatched_frees) printf("  note: %zu frees of unknown IDs skipped\n", t.num_unmatched_frees);
+    } else {
+      printf("%-22s FAILED: %s\n", base_name(argv[i]), r.error);
+    }
+    free(r.ns_runs);
+    if (loaded) tools_trace_free(&t);
+  }
+  if (o.json) printf("\n  ]\n}\n");
+  return failures ? 1 : 0;
+}
