@@ -84,6 +84,7 @@ typedef struct options {
   int json;
   const char *trace;
   const char *only;
+  const char *json_out;
 } options;
 
 typedef struct cell {
@@ -342,7 +343,8 @@ static int wanted(const options *o, const char *name) {
 
 static void usage(FILE *f) {
   fprintf(f, "usage: gpumem-bench [--backend sim|cuda|hip|auto] [--device N] [--repeat N] [--quick] [--json]\n"
-             "                    [--trace FILE | --no-trace] [--only ALLOCATOR[,ALLOCATOR...]]\n"
+             "                    [--json-out FILE] [--trace FILE | --no-trace] [--only ALLOCATOR[,ALLOCATOR...]]\n"
+             "  --json: JSON instead of the table; --json-out FILE: the table, and JSON into FILE\n"
              "  allocators: libgpumem, sim-raw (sim), cudaMalloc, cudaMallocAsync, torch (cuda builds)\n");
 }
 
@@ -361,6 +363,7 @@ int main(int argc, char **argv) {
       repeat_set = 1;
     } else if (!strcmp(a, "--quick")) o.quick = 1;
     else if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "--json-out") && i + 1 < argc) o.json_out = argv[++i];
     else if (!strcmp(a, "--trace") && i + 1 < argc) o.trace = argv[++i];
     else if (!strcmp(a, "--no-trace")) no_trace = 1;
     else if (!strcmp(a, "--only") && i + 1 < argc) o.only = argv[++i];
@@ -502,35 +505,41 @@ int main(int argc, char **argv) {
     measure(&o, &pats[i], r);
   }
 
+  FILE *jf = o.json ? stdout : NULL;
+  if (o.json_out && !(jf = fopen(o.json_out, "w"))) {
+    perror(o.json_out);
+    jf = NULL;
+  }
   const char *label = is_sim ? "sim: CPU-only figures (no GPU; the sim backend's costs, not a device's)"
                              : g_backend_name;
-  if (o.json) {
-    printf("{\n  \"tool\": \"gpumem-bench\",\n  \"backend\": ");
-    tools_json_string(stdout, g_backend_name);
-    printf(",\n  \"label\": ");
-    tools_json_string(stdout, label);
-    printf(",\n  \"device\": %d,\n  \"repeat\": %d,\n  \"quick\": %s,\n  \"allocators\": [", g_device, o.repeat,
+  if (jf) {
+    fprintf(jf, "{\n  \"tool\": \"gpumem-bench\",\n  \"backend\": ");
+    tools_json_string(jf, g_backend_name);
+    fprintf(jf, ",\n  \"label\": ");
+    tools_json_string(jf, label);
+    fprintf(jf, ",\n  \"device\": %d,\n  \"repeat\": %d,\n  \"quick\": %s,\n  \"allocators\": [", g_device, o.repeat,
            o.quick ? "true" : "false");
-    for (int a = 0; a < g_nalloc; a++) printf("%s\"%s\"", a ? ", " : "", g_alloc[a].name);
-    printf("],\n  \"rows\": [");
+    for (int a = 0; a < g_nalloc; a++) fprintf(jf, "%s\"%s\"", a ? ", " : "", g_alloc[a].name);
+    fprintf(jf, "],\n  \"rows\": [");
     for (int i = 0; i < np; i++) {
-      printf("%s\n    {\"pattern\": \"%s\", \"unit\": \"%s\", \"iterations\": %zu, \"results\": {", i ? "," : "",
+      fprintf(jf, "%s\n    {\"pattern\": \"%s\", \"unit\": \"%s\", \"iterations\": %zu, \"results\": {", i ? "," : "",
              rows[i].pattern, rows[i].unit, rows[i].iterations);
       for (int a = 0; a < g_nalloc; a++) {
         const cell *c = &rows[i].cells[a];
-        printf("%s\"%s\": ", a ? ", " : "", g_alloc[a].name);
+        fprintf(jf, "%s\"%s\": ", a ? ", " : "", g_alloc[a].name);
         if (!c->ok) {
-          printf("null");
+          fprintf(jf, "null");
           continue;
         }
-        printf("{\"median\": %.2f, \"runs\": [", c->median);
-        for (int k = 0; k < o.repeat; k++) printf("%s%.2f", k ? ", " : "", c->runs[k]);
-        printf("]}");
+        fprintf(jf, "{\"median\": %.2f, \"runs\": [", c->median);
+        for (int k = 0; k < o.repeat; k++) fprintf(jf, "%s%.2f", k ? ", " : "", c->runs[k]);
+        fprintf(jf, "]}");
       }
-      printf("}}");
+      fprintf(jf, "}}");
     }
-    printf("\n  ]\n}\n");
-  } else {
+    fprintf(jf, "\n  ]\n}\n");
+  }
+  if (!o.json) {
     fprintf(stderr, "%40s\r", "");
     printf("gpumem-bench: backend %s, device %d; median of %d runs%s\n", label, g_device, o.repeat,
            o.quick ? " (--quick: 1/10 of the iterations)" : "");
@@ -548,6 +557,7 @@ int main(int argc, char **argv) {
     }
   }
 
+  if (jf && jf != stdout) fclose(jf);
   if (g_have_trace) {
     tools_streams_destroy(g_backend_name, g_device, g_trace_nstreams_made, g_trace_made);
     tools_trace_free(&g_trace);

@@ -30,6 +30,7 @@ typedef struct options {
   int repeat;
   int sample_used;
   int json;
+  const char *json_out;
 } options;
 
 typedef struct result {
@@ -53,7 +54,8 @@ static void usage(FILE *f) {
           "  --device N       device ordinal (default 0)\n"
           "  --repeat N       timed runs per trace; ns/event is their median (default 1)\n"
           "  --sample-used    one more run reading the backend's used memory after every allocation\n"
-          "  --json           JSON output\n"
+          "  --json           JSON output instead of the table\n"
+          "  --json-out FILE  the table, and JSON into FILE\n"
           "Traces: gzip text, 'a ID SIZE STREAM' / 'f ID' lines (reader: %s).\n"
           "On sim, GPUMEM_SIM_DEVICES defaults to 1x141GiB here.\n",
           tools_trace_reader());
@@ -236,6 +238,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--repeat") && i + 1 < argc) o.repeat = atoi(argv[++i]);
     else if (!strcmp(a, "--sample-used")) o.sample_used = 1;
     else if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "--json-out") && i + 1 < argc) o.json_out = argv[++i];
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
@@ -259,14 +262,20 @@ int main(int argc, char **argv) {
   if (!strcmp(o.backend, "sim") || !strcmp(o.backend, "auto")) sim_sized = tools_default_sim_devices("1x141GiB");
 
   int failures = 0;
-  if (o.json)
-    printf("{\n  \"tool\": \"gpumem-replay\",\n  \"backend\": \"%s\",\n  \"device\": %d,\n  \"repeat\": %d,\n"
+  FILE *jf = o.json ? stdout : NULL;
+  if (o.json_out && !(jf = fopen(o.json_out, "w"))) {
+    perror(o.json_out);
+    return 1;
+  }
+  if (jf)
+    fprintf(jf, "{\n  \"tool\": \"gpumem-replay\",\n  \"backend\": \"%s\",\n  \"device\": %d,\n  \"repeat\": %d,\n"
            "  \"sim_devices\": ",
            o.backend, o.device, o.repeat);
-  if (o.json) {
-    tools_json_string(stdout, getenv("GPUMEM_SIM_DEVICES"));
-    printf(",\n  \"traces\": [");
-  } else {
+  if (jf) {
+    tools_json_string(jf, getenv("GPUMEM_SIM_DEVICES"));
+    fprintf(jf, ",\n  \"traces\": [");
+  }
+  if (!o.json) {
     printf("gpumem-replay: backend %s, device %d, %d timed run(s) per trace%s%s\n", o.backend, o.device, o.repeat,
            sim_sized ? ", GPUMEM_SIM_DEVICES=1x141GiB" : "",
            !strcmp(o.backend, "sim") ? " (sim: CPU-only figures)" : "");
@@ -284,36 +293,39 @@ int main(int argc, char **argv) {
     if (!r.ok) failures++;
     double ratio = (loaded && t.peak_live) ? (double)r.reserved_peak / (double)t.peak_live : 0.0;
     double uratio = (loaded && t.peak_live) ? (double)r.used_peak / (double)t.peak_live : 0.0;
-    if (o.json) {
-      printf("%s\n    {\"trace\": ", i == first ? "" : ",");
-      tools_json_string(stdout, argv[i]);
-      printf(", \"ok\": %s", r.ok ? "true" : "false");
+    if (jf) {
+      fprintf(jf, "%s\n    {\"trace\": ", i == first ? "" : ",");
+      tools_json_string(jf, argv[i]);
+      fprintf(jf, ", \"ok\": %s", r.ok ? "true" : "false");
       if (!r.ok) {
-        printf(", \"error\": ");
-        tools_json_string(stdout, r.error);
+        fprintf(jf, ", \"error\": ");
+        tools_json_string(jf, r.error);
       }
       if (loaded) {
-        printf(", \"workload\": ");
-        tools_json_string(stdout, t.workload);
-        printf(", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, \"unmatched_frees\": %zu, \"streams\": %zu"
+        fprintf(jf, ", \"workload\": ");
+        tools_json_string(jf, t.workload);
+        fprintf(jf, ", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, \"unmatched_frees\": %zu, \"streams\": %zu"
                ", \"peak_live_bytes\": %llu",
                t.num_events, t.num_allocs, t.num_frees, t.num_unmatched_frees, t.num_streams,
                (unsigned long long)t.peak_live);
         if (t.pytorch_max_reserved)
-          printf(", \"pytorch_max_reserved\": %llu", (unsigned long long)t.pytorch_max_reserved);
+          fprintf(jf, ", \"pytorch_max_reserved\": %llu", (unsigned long long)t.pytorch_max_reserved);
       }
       if (r.ok) {
-        printf(", \"peak_reserved_bytes\": %llu, \"ratio\": %.4f, \"allocated_peak\": %llu"
+        fprintf(jf, ", \"peak_reserved_bytes\": %llu, \"ratio\": %.4f, \"allocated_peak\": %llu"
                ", \"backend_allocs\": %llu, \"trims\": %llu, \"ns_per_event\": %.2f, \"ns_per_event_runs\": [",
                (unsigned long long)r.reserved_peak, ratio, (unsigned long long)r.allocated_peak,
                (unsigned long long)r.backend_allocs, (unsigned long long)r.num_trims, r.ns_per_event);
-        for (int k = 0; k < o.repeat; k++) printf("%s%.2f", k ? ", " : "", r.ns_runs[k]);
-        printf("], \"streams_all_null\": %s", r.streams_null ? "true" : "false");
+        for (int k = 0; k < o.repeat; k++) fprintf(jf, "%s%.2f", k ? ", " : "", r.ns_runs[k]);
+        fprintf(jf, "], \"streams_all_null\": %s", r.streams_null ? "true" : "false");
         if (o.sample_used)
-          printf(", \"peak_used_bytes\": %llu, \"used_ratio\": %.4f, \"used_sampled\": %s",
+          fprintf(jf, ", \"peak_used_bytes\": %llu, \"used_ratio\": %.4f, \"used_sampled\": %s",
                  (unsigned long long)r.used_peak, uratio, r.used_sampled ? "true" : "false");
       }
-      printf("}");
+      fprintf(jf, "}");
+    }
+    if (o.json) {
+      /* JSON only */
     } else if (r.ok) {
       printf("%-22s %9zu %8zu %15llu %15llu %7.3f %9.1f", base_name(argv[i]), t.num_events, t.num_allocs,
              (unsigned long long)t.peak_live, (unsigned long long)r.reserved_peak, ratio, r.ns_per_event);
@@ -327,6 +339,7 @@ int main(int argc, char **argv) {
     free(r.ns_runs);
     if (loaded) tools_trace_free(&t);
   }
-  if (o.json) printf("\n  ]\n}\n");
+  if (jf) fprintf(jf, "\n  ]\n}\n");
+  if (jf && jf != stdout) fclose(jf);
   return failures ? 1 : 0;
 }
