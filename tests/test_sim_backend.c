@@ -791,7 +791,12 @@ static void test_fault_malloc_free(void **state) {
   assert_int_equal(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MALLOC, 0, GPUMEM_SIM_ERR_INJECTED, 0), GPUMEM_ERR_INVALID_ARGUMENT);
   assert_int_equal(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MALLOC, 1, 0, 0), GPUMEM_ERR_INVALID_ARGUMENT);
 
+  void *z = NULL;
+  assert_int_equal(be.malloc(&be, 0, MiB, &z), GPUMEM_SIM_ERR_NO_DEVICE); /* no state: counted */
+  assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MALLOC) >= 1);
   assert_int_equal(sim_up("1GiB", NULL), 0);
+  /* counts start again with the state */
+  for (int k = 0; k < GPUMEM_SIM_CALL_KINDS_; k++) assert_int_equal(gpumem_sim_call_count((gpumem_sim_call)k), 0);
   uint64_t n0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MALLOC);
   void *p[4] = {NULL, NULL, NULL, NULL}, *q = (void *)&n0;
   assert_int_equal(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MALLOC, 2, GPUMEM_SIM_ERR_OUT_OF_MEMORY, 0), GPUMEM_OK);

@@ -89,7 +89,8 @@ GPUMEM_API gpumem_status gpumem_sim_set_external_usage(int device, uint64_t byte
 /**
  * \brief Re-read `GPUMEM_SIM_DEVICES` and `CUDA_VISIBLE_DEVICES` now.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_BUSY if a context using sim is alive;
- *         ::GPUMEM_ERR_INVALID_ARGUMENT if the variables do not parse.
+ *         ::GPUMEM_ERR_INVALID_ARGUMENT if the variables do not parse;
+ *         ::GPUMEM_ERR_NO_BACKEND if they parse but leave no visible device.
  */
 GPUMEM_API gpumem_status gpumem_sim_reinit(void);
 

@@ -46,9 +46,11 @@
  * - device_reset() unmaps every allocation, reservation and chunk of the
  *   device and completes its streams; events and stream records stay valid.
  *
- * Fault injection and call counts live in static storage that survives the
- * state (they can be set before any context exists); call counts are
- * cumulative over the life of the process.
+ * Fault injection and delayed mode live in static storage that survives the
+ * state (they can be set before any context exists). Call counts count from
+ * the creation of the state (the first init() after none was held); calls
+ * made while no state exists count too and are kept until the next one is
+ * created.
  */
 #include "gpumem/backend.h"
 #include "gpumem/sim.h"
@@ -505,6 +507,7 @@ static int sim_init(gpumem_backend *be) {
           g.dev[i].capacity = cfg.capacity[cfg.visible[i]];
         }
         if (g.next_handle == 0) g.next_handle = 1;
+        memset(g_ctl.calls, 0, sizeof g_ctl.calls);
       }
     }
   }
