@@ -457,6 +457,33 @@ static void test_memory_rw(void **state) {
   assert_int_equal(used(0), 0);
 }
 
+/* Many live allocations freed in a scrambled order: the pointer index keeps every one. */
+static void test_memory_many(void **state) {
+  (void)state;
+  assert_int_equal(sim_up("1GiB", NULL), 0);
+  enum { N = 3000 };
+  static void *p[N];
+  uint64_t x = 12345;
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(be.malloc(&be, 0, 4096, &p[i]), 0);
+    *(int *)p[i] = i;
+  }
+  assert_int_equal(used(0), (uint64_t)N * 4096);
+  for (int i = N - 1; i > 0; i--) { /* shuffle */
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    int j = (int)((x >> 33) % (uint64_t)(i + 1));
+    void *t = p[i];
+    p[i] = p[j];
+    p[j] = t;
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(be.free(&be, 0, p[i]), 0);
+    if (i % 7 == 0) assert_int_equal(be.free(&be, 0, p[i]), GPUMEM_SIM_ERR_INVALID_VALUE);
+    if (i + 1 < N) assert_true(*(int *)p[i + 1] >= 0 && *(int *)p[i + 1] < N);
+  }
+  assert_int_equal(used(0), 0);
+}
+
 static void test_capacity_oom(void **state) {
   (void)state;
   assert_int_equal(sim_up("64MiB,64GiB", NULL), 0);
@@ -997,6 +1024,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_visible_devices, setup, teardown),
     cmocka_unit_test_setup_teardown(test_uuid_and_info, setup, teardown),
     cmocka_unit_test_setup_teardown(test_memory_rw, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_memory_many, setup, teardown),
     cmocka_unit_test_setup_teardown(test_capacity_oom, setup, teardown),
     cmocka_unit_test_setup_teardown(test_external_usage, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_immediate, setup, teardown),
