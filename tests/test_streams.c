@@ -1,0 +1,208 @@
+/* Stream-ordered reuse: same stream at once, other streams only after the freeing stream's work completed. */
+#include "testutil.h"
+
+#define SA ((gpumem_stream)(uintptr_t)0xA0)
+#define SB ((gpumem_stream)(uintptr_t)0xB0)
+#define SC ((gpumem_stream)(uintptr_t)0xC0)
+
+static int overlaps(const void *p, size_t n, const void *q, size_t m) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return a < b + m && b < a + n;
+}
+
+static void test_same_stream_immediate_reuse(void **state) {
+  (void)state;
+  /* on sim: a 64 MiB device and 40 MiB blocks, so two such blocks can never be held at once */
+  if (tu_is_sim()) {
+    assert_int_equal(tu_ctx_live(), 0);
+    tu_setenv("GPUMEM_SIM_DEVICES", "64MiB");
+  }
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  if (tu_is_sim()) gpumem_sim_set_delayed(1);
+  gpumem_stream s = tu_is_sim() ? SA : NULL;
+  void *p = NULL, *q = NULL;
+  const size_t n = 40 * TU_MiB;
+  assert_status(gpumem_alloc(ctx, 0, n, s, &p), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_status(gpumem_free(ctx, p, s), GPUMEM_OK);
+  /* no completion in between: the same stream may reuse at once, without new backend memory */
+  assert_status(gpumem_alloc(ctx, 0, n, s, &q), GPUMEM_OK);
+  gpumem_stats s2 = tu_stats(ctx, 0);
+  assert_true(s2.num_backend_allocs == s1.num_backend_allocs);
+  assert_true(s2.reserved_bytes == s1.reserved_bytes);
+  if (tu_is_sim()) assert_true(overlaps(p, n, q, n)); /* the only 40 MiB there is */
+  assert_status(gpumem_free(ctx, q, s), GPUMEM_OK);
+  if (tu_is_sim()) gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+static void test_cross_stream_waits_for_event(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  const size_t n = 2 * TU_MiB;
+  void *p = NULL;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  tu_stamp(p, n, 0xA);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK); /* work queued on A may still read p */
+
+  /* B must not get any part of p while A's work is pending */
+  enum { K = 8 };
+  void *q[K];
+  size_t qs[K];
+  for (int i = 0; i < K; i++) {
+    qs[i] = (i % 2) ? n : n / 4;
+    assert_status(gpumem_alloc(ctx, 0, qs[i], SB, &q[i]), GPUMEM_OK);
+    if (overlaps(p, n, q[i], qs[i])) {
+      print_error("block freed on stream A handed to stream B before A completed (%p vs %p)\n", p, q[i]);
+      fail();
+    }
+    tu_stamp(q[i], qs[i], (uint32_t)(0xB00 + i));
+  }
+  assert_true(tu_stamp_ok(p, n, 0xA)); /* A's data was not overwritten by B's users */
+  for (int i = 0; i < K; i++) assert_status(gpumem_free(ctx, q[i], SB), GPUMEM_OK);
+
+  /* once A's work completes, B may have it: the pool serves B without growing */
+  gpumem_sim_stream_complete(0, SB);
+  gpumem_sim_stream_complete(0, SA);
+  gpumem_stats before = tu_stats(ctx, 0);
+  void *r = NULL;
+  assert_status(gpumem_alloc(ctx, 0, n, SC, &r), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_true(after.reserved_bytes == before.reserved_bytes);
+  assert_true(after.num_backend_allocs == before.num_backend_allocs);
+  assert_status(gpumem_free(ctx, r, SC), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+static void test_cross_stream_address_reuse_after_completion(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  const size_t n = 8 * TU_MiB;
+  void *p = NULL, *q = NULL;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
+  assert_false(overlaps(p, n, q, n));
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  /* complete only A: p becomes available to anyone, q (pending on B) not */
+  gpumem_sim_stream_complete(0, SA);
+  void *r = NULL, *t = NULL;
+  assert_status(gpumem_alloc(ctx, 0, n, SC, &r), GPUMEM_OK);
+  assert_false(overlaps(q, n, r, n));
+  assert_status(gpumem_alloc(ctx, 0, n, SC, &t), GPUMEM_OK);
+  assert_false(overlaps(q, n, t, n));
+  assert_false(overlaps(r, n, t, n));
+  assert_status(gpumem_free(ctx, r, SC), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, t, SC), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+static void test_free_on_other_stream(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  const size_t n = TU_MiB;
+  void *p = NULL;
+  /* allocated for A, handed to B's work, freed on B */
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  tu_stamp(p, n, 77);
+  assert_status(gpumem_free(ctx, p, SB), GPUMEM_OK);
+  /* A (not the freeing stream) must wait for B */
+  void *q = NULL;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &q), GPUMEM_OK);
+  assert_false(overlaps(p, n, q, n));
+  tu_stamp(q, n, 78);
+  assert_true(tu_stamp_ok(p, n, 77));
+  /* B itself may reuse at once */
+  void *r = NULL;
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &r), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_true(after.num_backend_allocs == before.num_backend_allocs);
+  assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, r, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+static void test_pending_then_sync_paths(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  /* a small device: the only memory left is pending on another stream, so the pool must wait for it */
+  assert_int_equal(tu_ctx_live(), 0);
+  tu_setenv("GPUMEM_SIM_DEVICES", "64MiB");
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  void *p = NULL, *q = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, SA, &p), GPUMEM_OK);
+  tu_stamp(p, 40 * TU_MiB, 1);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  /* waiting (event synchronize) completes A's work in the sim, so this succeeds */
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, SB, &q), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  /* trim waits for pending frees and gives everything back */
+  uint64_t released = 0;
+  assert_status(gpumem_trim(ctx, 0, 0, &released), GPUMEM_OK);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_true(st.reserved_bytes == 0);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+static void test_many_streams_no_overlap(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  enum { N = 300, NS = 5 };
+  void *p[N] = {0};
+  size_t sz[N] = {0};
+  gpumem_stream st[N];
+  uint64_t rng = 3;
+  for (int round = 0; round < 4; round++) {
+    for (int i = 0; i < N; i++) {
+      if (p[i] && tu_rand(&rng) % 2) {
+        assert_true(tu_stamp_ok(p[i], sz[i], (uint32_t)i));
+        assert_status(gpumem_free(ctx, p[i], st[i]), GPUMEM_OK);
+        p[i] = NULL;
+      } else if (!p[i]) {
+        sz[i] = (size_t)tu_rand_range(&rng, 1, 600000);
+        st[i] = (gpumem_stream)(uintptr_t)(0x100 * (1 + tu_rand(&rng) % NS));
+        assert_status(gpumem_alloc(ctx, 0, sz[i], st[i], &p[i]), GPUMEM_OK);
+        tu_stamp(p[i], sz[i], (uint32_t)i);
+      }
+    }
+    assert_int_equal(tu_find_overlap(p, sz, N), -1);
+    if (round == 1) gpumem_sim_complete_all();
+  }
+  for (int i = 0; i < N; i++)
+    if (p[i]) {
+      assert_true(tu_stamp_ok(p[i], sz[i], (uint32_t)i));
+      assert_status(gpumem_free(ctx, p[i], st[i]), GPUMEM_OK);
+    }
+  gpumem_stats s = tu_stats(ctx, 0);
+  tu_assert_stats_sane(&s);
+  assert_true(s.num_live == 0);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      TU_TEST(test_same_stream_immediate_reuse),
+      TU_TEST(test_cross_stream_waits_for_event),
+      TU_TEST(test_cross_stream_address_reuse_after_completion),
+      TU_TEST(test_free_on_other_stream),
+      TU_TEST(test_pending_then_sync_paths),
+      TU_TEST(test_many_streams_no_overlap),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
