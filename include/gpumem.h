@@ -266,6 +266,8 @@ GPUMEM_API gpumem_status gpumem_device_count(gpumem_context *ctx, int *count);
 
 /**
  * \brief Information about one visible device.
+ * \param ctx    context.
+ * \param device visible device ordinal.
  * \param info its `struct_size` must be set (or 0 for the current size).
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND.
  * Thread-safe. Restores the caller's current device.
@@ -283,6 +285,7 @@ GPUMEM_API const char *gpumem_backend_name(const gpumem_context *ctx);
 
 /**
  * \brief Allocate device memory, ready for work queued on `stream`.
+ * \param ctx     context.
  * \param device  visible device ordinal.
  * \param size    bytes; 0 gives ::GPUMEM_OK and *out_ptr = NULL.
  * \param stream  the stream the memory will be used on (NULL = default stream).
@@ -306,6 +309,7 @@ GPUMEM_API gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stre
 
 /**
  * \brief Look up a live allocation.
+ * \param ctx    context.
  * \param ptr    a pointer returned by gpumem_alloc() (start of the block).
  * \param size   receives the requested size; may be NULL.
  * \param device receives the device; may be NULL.
@@ -316,6 +320,7 @@ GPUMEM_API gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, s
 
 /**
  * \brief Allocate like gpumem_alloc() and attach a tag, shown in leak reports.
+ * \param ctx, device, size, stream, out_ptr as gpumem_alloc().
  * \param tag a NUL-terminated string that must stay valid while the block is
  *            live (a string literal is typical); NULL = no tag.
  * \return as gpumem_alloc(). Thread-safe.
@@ -337,6 +342,7 @@ typedef struct gpumem_buffer {
 
 /**
  * \brief Allocate into a buffer handle.
+ * \param ctx, device, size, stream as gpumem_alloc().
  * \param out receives the buffer; untouched on failure.
  * \return as gpumem_alloc(). Thread-safe.
  */
@@ -372,6 +378,7 @@ GPUMEM_API gpumem_status gpumem_scope_alloc(gpumem_scope *scope, size_t size, vo
 
 /**
  * \brief Tag every later allocation of a scope (shown in leak reports).
+ * \param scope the scope.
  * \param tag must stay valid until the scope ends; NULL clears it.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT if scope is NULL.
  */
@@ -389,7 +396,9 @@ GPUMEM_API gpumem_status gpumem_scope_end(gpumem_scope *scope);
 
 /**
  * \brief Give cached memory back to the backend, keeping at most `keep_bytes` cached per device.
+ * \param ctx        context.
  * \param device   a device or ::GPUMEM_ALL_DEVICES.
+ * \param keep_bytes cached bytes each device may keep (0 = give back everything possible).
  * \param released receives the bytes given back; may be NULL.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND.
  * Waits for pending cross-stream frees to complete first. Thread-safe.
@@ -398,6 +407,7 @@ GPUMEM_API gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t k
 
 /**
  * \brief Synchronise a device, invalidate every live allocation on it and give all its memory back.
+ * \param ctx    context.
  * \param device a device or ::GPUMEM_ALL_DEVICES.
  * \param flags  0 or ::GPUMEM_RESET_DEVICE (dangerous: also resets the device for the whole process).
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
@@ -411,6 +421,8 @@ GPUMEM_API gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned 
 
 /**
  * \brief Statistics of one device, or the sum over all with ::GPUMEM_ALL_DEVICES.
+ * \param ctx    context.
+ * \param device a device or ::GPUMEM_ALL_DEVICES.
  * \param out its `struct_size` must be set (or 0 for the current size).
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
  */

@@ -341,7 +341,10 @@ public:
 
   /**
    * \brief Allocate an owned buffer with a tag shown in leak reports.
-   * \param tag must stay valid while the buffer is live (a string literal is typical).
+   * \param bytes  size; 0 gives an empty buffer.
+   * \param tag    must stay valid while the buffer is live (a string literal is typical).
+   * \param device visible device ordinal.
+   * \param stream the stream, nullptr = default stream.
    * \throws gpumem::error as alloc().
    */
   buffer alloc_tagged(std::size_t bytes, const char *tag, int device = 0, gpumem_stream stream = nullptr) {
@@ -364,7 +367,8 @@ public:
 
   /**
    * \brief Give cached memory back, keeping at most `keep_bytes` cached per device.
-   * \param device a device or ::GPUMEM_ALL_DEVICES.
+   * \param device     a device or ::GPUMEM_ALL_DEVICES.
+   * \param keep_bytes cached bytes each device may keep.
    * \return the bytes given back.
    * \throws gpumem::error.
    */

@@ -39,6 +39,7 @@ typedef void *gpumem_event;
 /** \brief A physical memory handle for the virtual-memory methods. */
 typedef uint64_t gpumem_phys_handle;
 
+/** \brief The backend vtable (see struct gpumem_backend). */
 typedef struct gpumem_backend gpumem_backend;
 
 /** \brief Device description filled by gpumem_backend::device_info. */

@@ -47,6 +47,9 @@ typedef enum gpumem_sim_call {
 
 /**
  * \brief Fail the `nth` next call (1 = the very next) of a kind with `error`.
+ * \param kind   the kind of call (::gpumem_sim_call).
+ * \param nth    which call of that kind fails, counting from 1 (the very next).
+ * \param error  the backend code the call returns (a ::gpumem_sim_error).
  * \param repeat 0: fail once; non-zero: fail that call and every later call of the kind until cleared.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a bad kind or nth < 1.
  * Thread-safe.
