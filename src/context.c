@@ -1,0 +1,330 @@
+/* context.c: create/destroy, devices, the alloc/free entry points, trim,
+ * reset, statistics. Pools are created lazily, one per device, on the first
+ * allocation on that device: no call touches a device the caller did not name. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------- */
+/* Create / destroy                                                        */
+
+gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
+  if (out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem__options opt;
+  gpumem_status st = gpumem__options_resolve(cfg, &opt);
+  if (st != GPUMEM_OK) return st;
+  gpumem_context *ctx = calloc(1, sizeof *ctx);
+  if (ctx == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  ctx->opt = opt;
+  if (gpumem__mutex_init(&ctx->lock) != 0) {
+    free(ctx);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
+  if (gpumem__ptrmap_init(&ctx->map) != 0) {
+    gpumem__mutex_destroy(&ctx->lock);
+    free(ctx);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
+  st = gpumem__backend_open(ctx);
+  if (st == GPUMEM_OK) {
+    ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
+    if (ctx->pools == NULL) {
+      gpumem__backend_close(ctx);
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
+    }
+  }
+  if (st != GPUMEM_OK) {
+    gpumem__ptrmap_destroy(&ctx->map);
+    gpumem__mutex_destroy(&ctx->lock);
+    free(ctx);
+    return st;
+  }
+  for (int i = 0; i < ctx->ndev; i++) atomic_init(&ctx->pools[i], NULL);
+  gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
+  *out = ctx;
+  return GPUMEM_OK;
+}
+
+static inline gpumem__pool *pool_get(gpumem_context *ctx, int dev) {
+  return atomic_load_explicit(&ctx->pools[dev], memory_order_acquire);
+}
+
+/* The pool of dev, created on first use. */
+static gpumem_status pool_get_or_create(gpumem_context *ctx, int dev, gpumem__pool **out) {
+  gpumem__pool *p = pool_get(ctx, dev);
+  if (GPUMEM__LIKELY(p != NULL)) {
+    *out = p;
+    return GPUMEM_OK;
+  }
+  gpumem_status st = GPUMEM_OK;
+  gpumem__mutex_lock(&ctx->lock);
+  p = atomic_load_explicit(&ctx->pools[dev], memory_order_relaxed);
+  if (p == NULL) {
+    st = gpumem__pool_create(ctx, dev, &p);
+    if (st == GPUMEM_OK) atomic_store_explicit(&ctx->pools[dev], p, memory_order_release);
+  }
+  gpumem__mutex_unlock(&ctx->lock);
+  if (st == GPUMEM_OK) *out = p;
+  return st;
+}
+
+#define GPUMEM__LEAK_MAX 8
+
+/* Append to a fixed buffer, truncating. */
+static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) GPUMEM__PRINTF(4, 5);
+static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  if (*len >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len = (*len + (size_t)n < cap) ? *len + (size_t)n : cap - 1;
+}
+
+gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
+  if (ctx == NULL || (flags & ~GPUMEM_DESTROY_FORCE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
+  uint64_t count = 0, bytes = 0;
+  gpumem__leak first[GPUMEM__LEAK_MAX];
+  size_t nfirst = 0;
+  for (int d = 0; d < ctx->ndev; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    if (p != NULL) gpumem__pool_live(p, &count, &bytes, first, GPUMEM__LEAK_MAX, &nfirst);
+  }
+  if (count > 0) {
+    char msg[1024];
+    size_t len = 0;
+    bappend(msg, sizeof msg, &len, "gpumem_destroy: %llu live allocation(s), %llu bytes not freed%s",
+            (unsigned long long)count, (unsigned long long)bytes,
+            (flags & GPUMEM_DESTROY_FORCE) ? " (freed by GPUMEM_DESTROY_FORCE)" : "");
+    for (size_t i = 0; i < nfirst; i++)
+      bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %.40s%s%s", (void *)first[i].ptr,
+              first[i].size, first[i].requested, first[i].device, first[i].tag ? "\"" : "",
+              first[i].tag ? first[i].tag : "(none)", first[i].tag ? "\"" : "");
+    if (count > nfirst) bappend(msg, sizeof msg, &len, "; ... %llu more", (unsigned long long)(count - nfirst));
+    gpumem__log(&ctx->opt.log, (flags & GPUMEM_DESTROY_FORCE) ? GPUMEM_LOG_INFO : GPUMEM_LOG_WARN, "%s", msg);
+    if (!(flags & GPUMEM_DESTROY_FORCE)) return GPUMEM_ERR_BUSY;
+  }
+  for (int d = 0; d < ctx->ndev; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    if (p != NULL) gpumem__pool_destroy(p);
+    atomic_store_explicit(&ctx->pools[d], NULL, memory_order_relaxed);
+  }
+  gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context destroyed (backend %s)", ctx->be_name);
+  gpumem__backend_close(ctx);
+  free(ctx->pools);
+  gpumem__ptrmap_destroy(&ctx->map);
+  gpumem__mutex_destroy(&ctx->lock);
+  free(ctx);
+  return GPUMEM_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Devices                                                                 */
+
+gpumem_status gpumem_device_count(gpumem_context *ctx, int *count) {
+  if (ctx == NULL || count == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  *count = ctx->ndev;
+  return GPUMEM_OK;
+}
+
+static inline int valid_device(const gpumem_context *ctx, int dev) { return dev >= 0 && dev < ctx->ndev; }
+
+gpumem_status gpumem_device_get_info(gpumem_context *ctx, int device, gpumem_device_info *info) {
+  if (ctx == NULL || info == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  size_t want = info->struct_size ? info->struct_size : sizeof *info;
+  if (want < offsetof(gpumem_device_info, ordinal) + sizeof(int)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (!valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem_backend_device_info bi;
+  memset(&bi, 0, sizeof bi);
+  bi.physical_index = -1;
+  gpumem_status st = gpumem__be_device_info(ctx, device, &bi);
+  if (st != GPUMEM_OK) return st;
+  uint64_t fr = 0, tot = 0;
+  st = gpumem__be_mem_get_info(ctx, device, &fr, &tot);
+  if (st != GPUMEM_OK) return st;
+  gpumem_device_info d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = (uint32_t)(info->struct_size ? info->struct_size : sizeof d);
+  d.ordinal = device;
+  memcpy(d.name, bi.name, sizeof d.name);
+  d.name[sizeof d.name - 1] = '\0';
+  memcpy(d.uuid, bi.uuid, sizeof d.uuid);
+  d.uuid[sizeof d.uuid - 1] = '\0';
+  memcpy(d.pci_bus_id, bi.pci_bus_id, sizeof d.pci_bus_id);
+  d.pci_bus_id[sizeof d.pci_bus_id - 1] = '\0';
+  d.total_bytes = bi.total_bytes ? bi.total_bytes : tot;
+  d.free_bytes = fr;
+  d.physical_index = bi.physical_index;
+  memcpy(info, &d, want < sizeof d ? want : sizeof d);
+  return GPUMEM_OK;
+}
+
+const char *gpumem_backend_name(const gpumem_context *ctx) { return ctx != NULL ? ctx->be_name : ""; }
+
+/* ---------------------------------------------------------------------- */
+/* Allocation                                                              */
+
+gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
+                                  void **out_ptr) {
+  if (GPUMEM__UNLIKELY(ctx == NULL || out_ptr == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__UNLIKELY(!valid_device(ctx, device))) return GPUMEM_ERR_INVALID_DEVICE;
+  if (size == 0) {
+    *out_ptr = NULL;
+    return GPUMEM_OK;
+  }
+  gpumem__pool *p;
+  gpumem_status st = pool_get_or_create(ctx, device, &p);
+  if (st != GPUMEM_OK) return st;
+  return gpumem__pool_alloc(p, size, stream, tag, out_ptr);
+}
+
+gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, void **out_ptr) {
+  return gpumem_alloc_tagged(ctx, device, size, stream, NULL, out_ptr);
+}
+
+gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+  if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (ptr == NULL) return GPUMEM_OK;
+  /* The pool is found through the index, and the pool removes the entry
+   * under its own lock, so a concurrent reset or double free is caught. */
+  for (int tries = 0; tries < 4; tries++) {
+    gpumem__pool *p = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr);
+    if (p == NULL) break;
+    gpumem_status st = gpumem__pool_free(p, ptr, stream);
+    if (st != GPUMEM_ERR_INVALID_POINTER) return st;
+  }
+  gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN,
+              "gpumem_free(%p): not a live allocation of this context (never allocated, already freed, or interior)",
+              ptr);
+  return GPUMEM_ERR_INVALID_POINTER;
+}
+
+gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device) {
+  if (ctx == NULL || ptr == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, size, device) != 0) return GPUMEM_ERR_INVALID_POINTER;
+  return GPUMEM_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Trim and reset                                                          */
+
+gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, uint64_t *released) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  uint64_t rel = 0;
+  gpumem_status first = GPUMEM_OK;
+  int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
+  int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  for (int d = lo; d < hi; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    if (p == NULL) continue;
+    gpumem_status st = gpumem__pool_trim(p, keep_bytes, &rel);
+    if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
+  }
+  if (released != NULL) *released = rel;
+  return first;
+}
+
+gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
+  if (ctx == NULL || (flags & ~GPUMEM_RESET_DEVICE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  if ((flags & GPUMEM_RESET_DEVICE) && !gpumem__be_has_device_reset(ctx)) {
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "gpumem_reset: backend %s has no device reset", ctx->be_name);
+    return GPUMEM_ERR_NOT_SUPPORTED;
+  }
+  gpumem_status first = GPUMEM_OK;
+  int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
+  int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  for (int d = lo; d < hi; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    gpumem_status st = GPUMEM_OK;
+    if (p != NULL) st = gpumem__pool_reset(p);
+    if (st == GPUMEM_OK && (flags & GPUMEM_RESET_DEVICE)) st = gpumem__be_device_reset(ctx, d);
+    if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
+  }
+  return first;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Statistics                                                              */
+
+#define GPUMEM__STATS_MIN (offsetof(gpumem_stats, allocated_bytes) + sizeof(uint64_t))
+
+static void stats_add(gpumem_stats *a, const gpumem_stats *b) {
+  a->allocated_bytes += b->allocated_bytes;
+  a->allocated_peak += b->allocated_peak;
+  a->reserved_bytes += b->reserved_bytes;
+  a->reserved_peak += b->reserved_peak;
+  a->cached_bytes += b->cached_bytes;
+  a->num_allocs += b->num_allocs;
+  a->num_frees += b->num_frees;
+  a->num_live += b->num_live;
+  a->num_segments += b->num_segments;
+  a->num_backend_allocs += b->num_backend_allocs;
+  a->num_backend_frees += b->num_backend_frees;
+  a->num_trims += b->num_trims;
+  a->trimmed_bytes += b->trimmed_bytes;
+  a->num_oom_retries += b->num_oom_retries;
+  a->num_ooms += b->num_ooms;
+  a->requested_bytes += b->requested_bytes;
+  a->num_limit_exceeded += b->num_limit_exceeded;
+}
+
+gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *out) {
+  if (ctx == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  size_t want = out->struct_size ? out->struct_size : sizeof *out;
+  if (want < GPUMEM__STATS_MIN) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem_stats sum;
+  memset(&sum, 0, sizeof sum);
+  int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
+  int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  for (int d = lo; d < hi; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    if (p == NULL) continue;
+    gpumem_stats one;
+    gpumem__pool_get_stats(p, &one);
+    stats_add(&sum, &one);
+  }
+  sum.struct_size = (uint32_t)(out->struct_size ? out->struct_size : sizeof sum);
+  sum.reserved_ = 0;
+  memcpy(out, &sum, want < sizeof sum ? want : sizeof sum);
+  return GPUMEM_OK;
+}
+
+gpumem_status gpumem_reset_peak_stats(gpumem_context *ctx, int device) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
+  int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  for (int d = lo; d < hi; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    if (p != NULL) gpumem__pool_reset_peaks(p);
+  }
+  return GPUMEM_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Invariants                                                              */
+
+gpumem_status gpumem__check_invariants(gpumem_context *ctx) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  for (int d = 0; d < ctx->ndev; d++) {
+    gpumem__pool *p = pool_get(ctx, d);
+    if (p == NULL) continue;
+    uint64_t live = 0;
+    gpumem_status st = gpumem__pool_check(p, &live);
+    if (st != GPUMEM_OK) return st;
+    /* Only meaningful when no other thread is allocating or freeing. */
+    size_t inmap = gpumem__ptrmap_count_pool(&ctx->map, p);
+    if (inmap != live) {
+      gpumem__log(&ctx->opt.log, GPUMEM_LOG_ERROR,
+                  "invariant violated (device %d): pointer index has %zu entries, pool has %llu live blocks", d, inmap,
+                  (unsigned long long)live);
+      return GPUMEM_ERR_INTERNAL;
+    }
+  }
+  return GPUMEM_OK;
+}

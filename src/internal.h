@@ -1,0 +1,234 @@
+/*
+ * internal.h: declarations shared by the files of the libgpumem core.
+ *
+ * Layers (each file only calls down):
+ *   context.c / scope.c / torch.c   public entry points
+ *   pool.c                          per-device pool: segments, blocks, free indexes, streams, trimming
+ *   ptrmap.c                        context-wide pointer index (validates every free)
+ *   backend.c                       registry, selection, and the ONLY caller of the vtable
+ *   options.c  log.c  status.c      configuration, logging, status strings, last backend error
+ *
+ * Nothing here is public; every name starts with gpumem__.
+ */
+#ifndef GPUMEM_INTERNAL_H
+#define GPUMEM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpumem.h"
+#include "gpumem/backend.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define GPUMEM__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#  define GPUMEM__LIKELY(x) __builtin_expect(!!(x), 1)
+#  define GPUMEM__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#  define GPUMEM__PRINTF(f, a)
+#  define GPUMEM__LIKELY(x) (x)
+#  define GPUMEM__UNLIKELY(x) (x)
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Mutex (thin wrapper so a different primitive can be swapped in).       */
+
+typedef pthread_mutex_t gpumem__mutex;
+int gpumem__mutex_init(gpumem__mutex *m);
+void gpumem__mutex_destroy(gpumem__mutex *m);
+#define gpumem__mutex_lock(m) ((void)pthread_mutex_lock(m))
+#define gpumem__mutex_unlock(m) ((void)pthread_mutex_unlock(m))
+
+/* ---------------------------------------------------------------------- */
+/* log.c                                                                   */
+
+typedef struct gpumem__logger {
+  gpumem_log_fn fn;        /* callback, or NULL */
+  void *user;              /* callback user data */
+  gpumem_log_level level;  /* minimum level delivered */
+  int to_stderr;           /* 1 when GPUMEM_LOG asked for stderr and there is no callback */
+} gpumem__logger;
+
+const char *gpumem__log_level_name(gpumem_log_level level);
+void gpumem__log(const gpumem__logger *lg, gpumem_log_level level, const char *fmt, ...) GPUMEM__PRINTF(3, 4);
+void gpumem__vlog(const gpumem__logger *lg, gpumem_log_level level, const char *fmt, va_list ap);
+#define GPUMEM__LOG_ON(lg, lvl) ((lg) != NULL && (lvl) >= (lg)->level && (lg)->level < GPUMEM_LOG_OFF)
+
+/* ---------------------------------------------------------------------- */
+/* options.c                                                               */
+
+/** Resolved, validated configuration of a context (copied from gpumem_config + environment). */
+typedef struct gpumem__options {
+  char backend[64];              /* "auto", "cuda", "hip", "sim" */
+  const gpumem_backend *custom_backend;
+  uint64_t release_threshold;
+  double trim_free_fraction;
+  uint64_t limit_bytes;
+  double limit_fraction;
+  uint64_t initial_bytes;
+  gpumem_oom_fn oom_callback;
+  void *oom_user;
+  gpumem__logger log;
+  uint32_t flags;
+} gpumem__options;
+
+/** Kinds of option value (how the environment string is parsed). */
+typedef enum gpumem__opt_kind {
+  GPUMEM__OPT_STRING,     /* backend name */
+  GPUMEM__OPT_BYTES_INF,  /* bytes, or unlimited/inf = GPUMEM_UNLIMITED */
+  GPUMEM__OPT_BYTES_NONE, /* bytes, or none/unlimited/inf = 0 (no limit) */
+  GPUMEM__OPT_BYTES,      /* bytes only */
+  GPUMEM__OPT_FRACTION,   /* a finite number in [0, 1] */
+  GPUMEM__OPT_LOG_LEVEL   /* debug|info|warn|error|off */
+} gpumem__opt_kind;
+
+/** One row of the option table (the single place that names options, env vars and defaults). */
+typedef struct gpumem__option_desc {
+  const char *field;       /* gpumem_config member */
+  const char *env;         /* environment variable */
+  gpumem__opt_kind kind;
+  const char *default_text;/* the default as documented */
+  const char *doc;         /* one line */
+  size_t cfg_offset;       /* offset of the member in gpumem_config */
+  size_t opt_offset;       /* offset of the member in gpumem__options */
+} gpumem__option_desc;
+
+/** The option table and its length (for docs and tools). */
+const gpumem__option_desc *gpumem__options_table(size_t *count);
+
+/** Resolve cfg (may be NULL) + environment into opt. Logs bad values at WARN. */
+gpumem_status gpumem__options_resolve(const gpumem_config *cfg, gpumem__options *opt);
+
+/** Parse a byte count ("64MiB", "1.5G", "4096"); allow_inf: accept unlimited/inf (-> UINT64_MAX). 0 on success. */
+int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out);
+
+/* ---------------------------------------------------------------------- */
+/* status.c: last backend error (thread-local)                             */
+
+void gpumem__set_last_backend_error(const gpumem_context *ctx, int code, const char *msg);
+
+/* ---------------------------------------------------------------------- */
+/* backend.c: the only caller of the vtable                                */
+
+/** Select and initialise the backend (auto/name/custom) into ctx->be. */
+gpumem_status gpumem__backend_open(gpumem_context *ctx);
+/** Shut the backend down (once). */
+void gpumem__backend_close(gpumem_context *ctx);
+int gpumem__be_has_events(const gpumem_context *ctx);
+int gpumem__be_has_device_reset(const gpumem_context *ctx);
+
+gpumem_status gpumem__be_device_count(gpumem_context *ctx, int *count);
+gpumem_status gpumem__be_device_info(gpumem_context *ctx, int dev, gpumem_backend_device_info *info);
+gpumem_status gpumem__be_mem_get_info(gpumem_context *ctx, int dev, uint64_t *free_b, uint64_t *total_b);
+gpumem_status gpumem__be_malloc(gpumem_context *ctx, int dev, size_t size, void **p);
+gpumem_status gpumem__be_free(gpumem_context *ctx, int dev, void *p);
+gpumem_status gpumem__be_event_create(gpumem_context *ctx, int dev, gpumem_event *ev);
+gpumem_status gpumem__be_event_destroy(gpumem_context *ctx, int dev, gpumem_event ev);
+gpumem_status gpumem__be_event_record(gpumem_context *ctx, int dev, gpumem_event ev, gpumem_stream s);
+gpumem_status gpumem__be_event_query(gpumem_context *ctx, int dev, gpumem_event ev, int *complete);
+gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_event ev);
+gpumem_status gpumem__be_stream_synchronize(gpumem_context *ctx, int dev, gpumem_stream s);
+gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev);
+gpumem_status gpumem__be_device_reset(gpumem_context *ctx, int dev);
+
+/* ---------------------------------------------------------------------- */
+/* pool.c                                                                  */
+
+typedef struct gpumem__pool gpumem__pool;
+typedef struct gpumem__block gpumem__block;
+
+/** Create the pool of one device (and its initial segment if configured). */
+gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out);
+/** Give everything back (no live-block check) and free the pool. */
+void gpumem__pool_destroy(gpumem__pool *pool);
+
+gpumem_status gpumem__pool_alloc(gpumem__pool *pool, size_t size, gpumem_stream stream, const char *tag, void **out);
+/** Free a block whose pointer was looked up in the pointer index (the pool validates it under its lock). */
+gpumem_status gpumem__pool_free(gpumem__pool *pool, void *ptr, gpumem_stream stream);
+gpumem_status gpumem__pool_trim(gpumem__pool *pool, uint64_t keep_bytes, uint64_t *released);
+gpumem_status gpumem__pool_reset(gpumem__pool *pool);
+void gpumem__pool_get_stats(gpumem__pool *pool, gpumem_stats *st);
+void gpumem__pool_reset_peaks(gpumem__pool *pool);
+int gpumem__pool_device(const gpumem__pool *pool);
+/** Live blocks and bytes; fills up to max entries of a leak report. */
+typedef struct gpumem__leak {
+  uintptr_t ptr;
+  size_t size;
+  size_t requested;
+  int device;
+  const char *tag;
+} gpumem__leak;
+void gpumem__pool_live(gpumem__pool *pool, uint64_t *count, uint64_t *bytes, gpumem__leak *first, size_t max, size_t *nfirst);
+gpumem_status gpumem__pool_check(gpumem__pool *pool, uint64_t *live_count);
+
+/* ---------------------------------------------------------------------- */
+/* ptrmap.c: sharded open-addressing hash, pointer -> (block, pool)         */
+
+#define GPUMEM__PTRMAP_SHARDS 64
+
+typedef struct gpumem__ptrmap_entry {
+  uintptr_t key;          /* 0 = empty */
+  gpumem__block *block;
+  gpumem__pool *pool;
+} gpumem__ptrmap_entry;
+
+typedef struct gpumem__ptrmap_shard {
+  gpumem__mutex lock;
+  size_t cap;             /* power of two, or 0 */
+  size_t count;
+  gpumem__ptrmap_entry *slots;
+  char pad_[64];
+} gpumem__ptrmap_shard;
+
+typedef struct gpumem__ptrmap {
+  gpumem__ptrmap_shard shards[GPUMEM__PTRMAP_SHARDS];
+} gpumem__ptrmap;
+
+int gpumem__ptrmap_init(gpumem__ptrmap *m);
+void gpumem__ptrmap_destroy(gpumem__ptrmap *m);
+/** Insert; 0 on success, -1 on host out-of-memory (nothing changed). */
+int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool);
+/** Reserve room for one more insert in key's shard (so a later insert cannot fail). */
+int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
+/** Find the pool of key; returns NULL when absent. */
+gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
+/** Remove key when it maps to pool; returns the block or NULL. */
+gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool);
+/** Look key up and copy out the requested size and device of its live block. 0 if found. */
+int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device);
+/** 1 if key maps to exactly (block, pool). */
+int gpumem__ptrmap_contains(gpumem__ptrmap *m, uintptr_t key, const gpumem__block *b, const gpumem__pool *pool);
+/** Number of entries mapping to pool. */
+size_t gpumem__ptrmap_count_pool(gpumem__ptrmap *m, const gpumem__pool *pool);
+/** Accessors pool.c needs for ptrmap_info. */
+size_t gpumem__block_requested(const gpumem__block *b);
+int gpumem__pool_device_of(const gpumem__pool *pool);
+
+/* ---------------------------------------------------------------------- */
+/* context.c                                                               */
+
+struct gpumem_context {
+  gpumem_backend be;            /* our copy of the vtable: passed to every method */
+  char be_name[64];             /* name of the backend in use */
+  int be_open;                  /* init succeeded, shutdown pending */
+  int has_events;               /* all five event methods present */
+  gpumem__options opt;
+  int ndev;
+  _Atomic(gpumem__pool *) *pools; /* ndev entries, created lazily */
+  gpumem__mutex lock;           /* pool creation */
+  gpumem__ptrmap map;
+};
+
+/**
+ * \brief Check the internal invariants of every pool of ctx (block lists
+ *        cover segments exactly, free indexes consistent, stats exact,
+ *        pointer index matches the live blocks).
+ * \return GPUMEM_OK, GPUMEM_ERR_INVALID_ARGUMENT (NULL) or GPUMEM_ERR_INTERNAL
+ *         (the failing check is logged at ERROR).
+ * Compiled in every build; tests may call it. Takes each pool lock in turn.
+ */
+gpumem_status gpumem__check_invariants(gpumem_context *ctx);
+
+#endif /* GPUMEM_INTERNAL_H */

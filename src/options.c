@@ -1,0 +1,305 @@
+/* options.c: config defaults, validation and the GPUMEM_* environment.
+ *
+ * The option table below is the one place that names each option, its
+ * environment variable and its default; gpumem_config_init() takes the
+ * defaults from it and the README table is written from it. */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define GPUMEM__OPT(field, env, kind, def, doc)                                                   \
+  {                                                                                               \
+    #field, env, kind, def, doc, offsetof(gpumem_config, field), offsetof(gpumem__options, field) \
+  }
+
+/* log_level lives in gpumem__options::log.level */
+#define GPUMEM__OPT_LOG(field, env, kind, def, doc)                                                       \
+  {                                                                                                       \
+    #field, env, kind, def, doc, offsetof(gpumem_config, field), offsetof(gpumem__options, log) +          \
+                                                                     offsetof(gpumem__logger, level)      \
+  }
+
+static const gpumem__option_desc gpumem__options_tab[] = {
+    GPUMEM__OPT(backend, "GPUMEM_BACKEND", GPUMEM__OPT_STRING, "auto",
+                "backend: auto (cuda, then hip, then sim), cuda, hip or sim"),
+    GPUMEM__OPT(release_threshold, "GPUMEM_RELEASE_THRESHOLD", GPUMEM__OPT_BYTES_INF, "unlimited",
+                "cached free bytes a device pool may keep"),
+    GPUMEM__OPT(trim_free_fraction, "GPUMEM_TRIM_FREE_FRACTION", GPUMEM__OPT_FRACTION, "0.10",
+                "give cached memory back when device free memory falls below this fraction of total (0 disables)"),
+    GPUMEM__OPT(limit_bytes, "GPUMEM_LIMIT_BYTES", GPUMEM__OPT_BYTES_NONE, "0",
+                "hard cap on bytes reserved per device (0 = none)"),
+    GPUMEM__OPT(limit_fraction, "GPUMEM_LIMIT_FRACTION", GPUMEM__OPT_FRACTION, "0",
+                "hard cap as a fraction of device total (0 = none)"),
+    GPUMEM__OPT(initial_bytes, "GPUMEM_INITIAL_BYTES", GPUMEM__OPT_BYTES, "0",
+                "bytes preallocated on a device's first use and kept cached"),
+    GPUMEM__OPT_LOG(log_level, "GPUMEM_LOG", GPUMEM__OPT_LOG_LEVEL, "warn",
+                    "debug, info, warn, error or off; when set, messages go to stderr unless a log callback is installed"),
+};
+
+const gpumem__option_desc *gpumem__options_table(size_t *count) {
+  if (count != NULL) *count = sizeof gpumem__options_tab / sizeof gpumem__options_tab[0];
+  return gpumem__options_tab;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Parsers                                                                 */
+
+static const char *skip_ws(const char *s) {
+  while (*s != '\0' && isspace((unsigned char)*s)) s++;
+  return s;
+}
+
+/* Copy s without surrounding whitespace into buf; -1 if too long. */
+static int trimmed(const char *s, char *buf, size_t cap) {
+  s = skip_ws(s);
+  size_t n = strlen(s);
+  while (n > 0 && isspace((unsigned char)s[n - 1])) n--;
+  if (n >= cap) return -1;
+  memcpy(buf, s, n);
+  buf[n] = '\0';
+  return 0;
+}
+
+int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out) {
+  char buf[128];
+  if (s == NULL || trimmed(s, buf, sizeof buf) != 0 || buf[0] == '\0') return -1;
+  if (allow_inf && (strcasecmp(buf, "unlimited") == 0 || strcasecmp(buf, "inf") == 0 ||
+                    strcasecmp(buf, "infinity") == 0)) {
+    *out = UINT64_MAX;
+    return 0;
+  }
+  const char *p = buf;
+  if (!isdigit((unsigned char)*p)) return -1; /* no sign, no empty number */
+  uint64_t ip = 0;
+  while (isdigit((unsigned char)*p)) {
+    unsigned d = (unsigned)(*p - '0');
+    if (ip > (UINT64_MAX - d) / 10) return -1;
+    ip = ip * 10 + d;
+    p++;
+  }
+  /* optional fraction: up to 18 digits are kept */
+  uint64_t fnum = 0, fden = 1;
+  if (*p == '.') {
+    p++;
+    if (!isdigit((unsigned char)*p)) return -1;
+    while (isdigit((unsigned char)*p)) {
+      if (fden < 1000000000000000000ull) {
+        fnum = fnum * 10 + (uint64_t)(*p - '0');
+        fden *= 10;
+      }
+      p++;
+    }
+  }
+  p = skip_ws(p);
+  uint64_t mult = 1;
+  static const struct {
+    const char *sfx;
+    unsigned shift;
+  } sfx[] = {{"", 0},    {"b", 0},    {"k", 10},   {"kb", 10}, {"kib", 10}, {"m", 20},
+             {"mb", 20}, {"mib", 20}, {"g", 30},   {"gb", 30}, {"gib", 30}, {"t", 40},
+             {"tb", 40}, {"tib", 40}, {"p", 50},   {"pb", 50}, {"pib", 50}};
+  size_t i;
+  for (i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+    if (strcasecmp(p, sfx[i].sfx) == 0) {
+      mult = (uint64_t)1 << sfx[i].shift;
+      break;
+    }
+  }
+  if (i == sizeof sfx / sizeof sfx[0]) return -1;
+  if (ip > UINT64_MAX / mult) return -1;
+  uint64_t v = ip * mult;
+  if (fnum != 0) {
+    /* fnum/fden < 1, so fnum*mult/fden < mult; compute without overflow */
+    long double extra = (long double)fnum * (long double)mult / (long double)fden;
+    uint64_t e = (uint64_t)extra;
+    if (v > UINT64_MAX - e) return -1;
+    v += e;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_fraction(const char *s, double *out) {
+  char buf[128];
+  if (s == NULL || trimmed(s, buf, sizeof buf) != 0 || buf[0] == '\0') return -1;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(buf, &end);
+  if (end == buf || *end != '\0' || errno == ERANGE) return -1;
+  if (!isfinite(v) || v < 0.0 || v > 1.0) return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_log_level(const char *s, gpumem_log_level *out) {
+  char buf[32];
+  if (s == NULL || trimmed(s, buf, sizeof buf) != 0) return -1;
+  static const struct {
+    const char *name;
+    gpumem_log_level level;
+  } names[] = {{"debug", GPUMEM_LOG_DEBUG}, {"info", GPUMEM_LOG_INFO}, {"warn", GPUMEM_LOG_WARN},
+               {"warning", GPUMEM_LOG_WARN}, {"error", GPUMEM_LOG_ERROR}, {"off", GPUMEM_LOG_OFF},
+               {"none", GPUMEM_LOG_OFF},    {"0", GPUMEM_LOG_DEBUG},     {"1", GPUMEM_LOG_INFO},
+               {"2", GPUMEM_LOG_WARN},      {"3", GPUMEM_LOG_ERROR},     {"4", GPUMEM_LOG_OFF}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    if (strcasecmp(buf, names[i].name) == 0) {
+      *out = names[i].level;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* Parse text for option d into dst (a field of kind d->kind). */
+static int parse_option(const gpumem__option_desc *d, const char *text, void *dst) {
+  switch (d->kind) {
+    case GPUMEM__OPT_STRING: {
+      char buf[64];
+      if (trimmed(text, buf, sizeof buf) != 0 || buf[0] == '\0') return -1;
+      memcpy(dst, buf, sizeof buf);
+      return 0;
+    }
+    case GPUMEM__OPT_BYTES_INF:
+    case GPUMEM__OPT_BYTES: {
+      uint64_t v;
+      if (gpumem__parse_bytes(text, d->kind == GPUMEM__OPT_BYTES_INF, &v) != 0) return -1;
+      memcpy(dst, &v, sizeof v);
+      return 0;
+    }
+    case GPUMEM__OPT_BYTES_NONE: {
+      char buf[32];
+      uint64_t v;
+      if (trimmed(text, buf, sizeof buf) == 0 &&
+          (strcasecmp(buf, "none") == 0 || strcasecmp(buf, "unlimited") == 0 || strcasecmp(buf, "inf") == 0 ||
+           strcasecmp(buf, "off") == 0)) {
+        v = 0;
+      } else if (gpumem__parse_bytes(text, 0, &v) != 0) {
+        return -1;
+      }
+      memcpy(dst, &v, sizeof v);
+      return 0;
+    }
+    case GPUMEM__OPT_FRACTION: {
+      double v;
+      if (parse_fraction(text, &v) != 0) return -1;
+      memcpy(dst, &v, sizeof v);
+      return 0;
+    }
+    case GPUMEM__OPT_LOG_LEVEL: {
+      gpumem_log_level v;
+      if (parse_log_level(text, &v) != 0) return -1;
+      memcpy(dst, &v, sizeof v);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static const char *kind_expect(gpumem__opt_kind k) {
+  switch (k) {
+    case GPUMEM__OPT_STRING: return "a backend name";
+    case GPUMEM__OPT_BYTES_INF: return "a byte count (e.g. 512MiB, 2G, 4096) or \"unlimited\"";
+    case GPUMEM__OPT_BYTES_NONE: return "a byte count (e.g. 512MiB, 2G, 4096), 0 or \"none\"";
+    case GPUMEM__OPT_BYTES: return "a byte count (e.g. 512MiB, 2G, 4096)";
+    case GPUMEM__OPT_FRACTION: return "a number between 0 and 1";
+    case GPUMEM__OPT_LOG_LEVEL: return "one of debug, info, warn, error, off";
+  }
+  return "?";
+}
+
+/* ---------------------------------------------------------------------- */
+/* Config                                                                  */
+
+void gpumem_config_init(gpumem_config *cfg) {
+  if (cfg == NULL) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->struct_size = (uint32_t)sizeof *cfg;
+  size_t n;
+  const gpumem__option_desc *tab = gpumem__options_table(&n);
+  for (size_t i = 0; i < n; i++) {
+    const gpumem__option_desc *d = &tab[i];
+    if (d->kind == GPUMEM__OPT_STRING) continue; /* backend NULL means "auto" */
+    (void)parse_option(d, d->default_text, (char *)cfg + d->cfg_offset);
+  }
+}
+
+/* Smallest struct_size accepted: every v1 field the core reads. */
+#define GPUMEM__CONFIG_MIN_SIZE (offsetof(gpumem_config, log_level) + sizeof(gpumem_log_level))
+
+gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__options *opt) {
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  if (cfg_in != NULL) {
+    if (cfg_in->struct_size < GPUMEM__CONFIG_MIN_SIZE || cfg_in->struct_size > sizeof(gpumem_config))
+      return GPUMEM_ERR_INVALID_ARGUMENT;
+    memcpy(&cfg, cfg_in, cfg_in->struct_size);
+  }
+
+  gpumem__options o;
+  memset(&o, 0, sizeof o);
+  o.log.fn = cfg.log_callback;
+  o.log.user = cfg.log_user;
+  o.log.level = cfg.log_level;
+  o.log.to_stderr = 0;
+
+  /* values of the config itself */
+  if ((cfg.flags & ~(uint32_t)GPUMEM_CONFIG_NO_ENV) != 0) {
+    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.flags has unknown bits 0x%x", (unsigned)cfg.flags);
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  if ((int)cfg.log_level < (int)GPUMEM_LOG_DEBUG || (int)cfg.log_level > (int)GPUMEM_LOG_OFF) {
+    o.log.level = GPUMEM_LOG_WARN;
+    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.log_level %d is not a log level", (int)cfg.log_level);
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  if (!isfinite(cfg.trim_free_fraction) || cfg.trim_free_fraction < 0.0 || cfg.trim_free_fraction > 1.0) {
+    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.trim_free_fraction must be in [0, 1]");
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  if (!isfinite(cfg.limit_fraction) || cfg.limit_fraction < 0.0 || cfg.limit_fraction > 1.0) {
+    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.limit_fraction must be in [0, 1]");
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  const char *bname = cfg.backend != NULL ? cfg.backend : "auto";
+  if (strlen(bname) >= sizeof o.backend) {
+    memcpy(o.backend, "<name too long>", sizeof "<name too long>");
+  } else {
+    memcpy(o.backend, bname, strlen(bname) + 1);
+  }
+  o.custom_backend = cfg.custom_backend;
+  o.release_threshold = cfg.release_threshold;
+  o.trim_free_fraction = cfg.trim_free_fraction;
+  o.limit_bytes = cfg.limit_bytes;
+  o.limit_fraction = cfg.limit_fraction;
+  o.initial_bytes = cfg.initial_bytes;
+  o.oom_callback = cfg.oom_callback;
+  o.oom_user = cfg.oom_user;
+  o.flags = cfg.flags;
+
+  if ((cfg.flags & GPUMEM_CONFIG_NO_ENV) == 0) {
+    size_t n;
+    const gpumem__option_desc *tab = gpumem__options_table(&n);
+    /* GPUMEM_LOG first, so that the other variables are reported where it asks */
+    for (int pass = 0; pass < 2; pass++) {
+      for (size_t i = 0; i < n; i++) {
+        const gpumem__option_desc *d = &tab[i];
+        if ((pass == 0) != (d->kind == GPUMEM__OPT_LOG_LEVEL)) continue;
+        const char *v = getenv(d->env);
+        if (v == NULL || *skip_ws(v) == '\0') continue; /* unset or empty: no override */
+        if (parse_option(d, v, (char *)&o + d->opt_offset) != 0) {
+          gpumem__log(&o.log, GPUMEM_LOG_WARN, "environment variable %s=\"%.64s\" is invalid: expected %s", d->env, v,
+                      kind_expect(d->kind));
+          return GPUMEM_ERR_INVALID_ARGUMENT;
+        }
+        if (d->kind == GPUMEM__OPT_LOG_LEVEL) o.log.to_stderr = (o.log.fn == NULL);
+      }
+    }
+  }
+  *opt = o;
+  return GPUMEM_OK;
+}

@@ -1,0 +1,1261 @@
+/* pool.c: the per-device pool.
+ *
+ * Segments come from the backend (gpumem__be_malloc). Each segment is cut
+ * into blocks kept in an address-ordered doubly linked list, so a block can
+ * be split and coalesced with its neighbours in O(1). Block sizes are
+ * multiples of 256 bytes, so every pointer is 256-aligned.
+ *
+ * Size classes (PyTorch's scheme): requests <= 1 MiB come from 2 MiB
+ * segments, 1..10 MiB from 20 MiB segments, larger ones get their own
+ * segment rounded up to 2 MiB. Small and large blocks live in separate free
+ * lists so that small allocations do not fragment large segments. The
+ * optional initial segment (initial_bytes) is "mixed": it serves both.
+ *
+ * Free indexes ("fidx"): each holds one TLSF (two-level segregated fit,
+ * bitmaps, O(1) good fit) per size class. Every free block is in exactly one
+ * fidx, and its state is the kind of that fidx:
+ *   STREAM  freed on stream S, not yet covered by an event: S may reuse it at once;
+ *   PENDING part of a batch harvested from S with one event recorded on S;
+ *           S may still reuse it, others only once the event has completed;
+ *   READY   usable by every stream.
+ * Blocks coalesce only with neighbours in the same fidx (same state, same stream).
+ *
+ * Stream-ordered reuse: a free on S puts the block into S's own fidx (no
+ * backend call). An alloc on T searches T's fidx, T's pending batches, and
+ * READY. On a miss it polls the pending batches (event_query), then
+ * "harvests" every other stream with free blocks: one event recorded on
+ * that stream now (later than every free in it, hence safe) and the whole
+ * fidx moved into a pending batch (O(1): the fidx object changes hands).
+ * Batches whose event completed move their blocks into READY, coalescing.
+ * Only if still nothing fits does the pool grow. Waiting (event_synchronize,
+ * device_synchronize) happens only in the out-of-memory and limit paths, in
+ * trim and in reset.
+ *
+ * Locking: one mutex per pool protects everything in it, statistics
+ * included. Lock order: pool lock, then a pointer-index shard lock. The
+ * out-of-memory callback is called with no lock held.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * 1024)
+
+#define GPUMEM__ALIGN ((size_t)256)
+#define GPUMEM__SMALL_MAX (1 * MiB)   /* requests up to this are "small" */
+#define GPUMEM__SMALL_SEG (2 * MiB)   /* segment size for small requests */
+#define GPUMEM__MEDIUM_MAX (10 * MiB) /* large requests up to this share 20 MiB segments */
+#define GPUMEM__MEDIUM_SEG (20 * MiB)
+#define GPUMEM__LARGE_ROUND (2 * MiB) /* bigger requests get their own segment, rounded to this */
+
+enum { CLS_SMALL = 0, CLS_LARGE = 1, CLS_MIXED = 2, CLS_COUNT = 3 };
+enum { IDX_STREAM = 0, IDX_PENDING = 1, IDX_READY = 2 };
+/* Segment kinds. Only plain backend-malloc segments so far; an expandable
+ * virtual-memory kind (vm_* methods) plugs in at seg_create/seg_release. */
+enum { SEG_PLAIN = 0 };
+
+/* ---------------------------------------------------------------------- */
+/* Types                                                                   */
+
+#define TLSF_SL_LOG 3
+#define TLSF_SL (1 << TLSF_SL_LOG)
+#define TLSF_FL 40 /* units of 256 B up to 2^40 -> 256 TiB; larger sizes share the last bucket */
+
+typedef struct gpumem__segment gpumem__segment;
+typedef struct gpumem__fidx gpumem__fidx;
+typedef struct gpumem__srec gpumem__srec;
+typedef struct gpumem__batch gpumem__batch;
+
+struct gpumem__block {
+  uintptr_t addr;
+  size_t size;                 /* multiple of 256 */
+  gpumem__segment *seg;
+  gpumem__block *prev, *next;  /* address order within the segment */
+  gpumem__block *fprev, *fnext;/* bucket list of the fidx (free blocks) */
+  gpumem__fidx *idx;           /* the fidx holding it, NULL = live */
+  size_t requested;            /* live: bytes asked for */
+  const char *tag;             /* live: tag for leak reports */
+};
+
+typedef struct gpumem__tlsf {
+  uint64_t fl_bitmap;
+  uint8_t sl_bitmap[TLSF_FL];
+  gpumem__block *heads[TLSF_FL][TLSF_SL]; /* NULL when the list is empty */
+} gpumem__tlsf;
+
+struct gpumem__fidx {
+  int kind;                    /* IDX_* */
+  gpumem__srec *srec;          /* STREAM / PENDING: the stream the frees were on */
+  gpumem__batch *batch;        /* PENDING */
+  size_t nblocks;
+  uint64_t bytes;
+  gpumem__fidx *next_free;     /* recycling list */
+  gpumem__tlsf t[CLS_COUNT];
+};
+
+struct gpumem__segment {
+  gpumem__pool *pool;
+  uintptr_t base;
+  size_t size;
+  int cls;                     /* CLS_* */
+  int kind;                    /* SEG_* */
+  gpumem__block *head;         /* first block (lowest address) */
+  gpumem__segment *prev, *next;   /* all segments of the pool */
+  gpumem__segment *eprev, *enext; /* wholly free READY segments */
+  int empty;
+};
+
+struct gpumem__srec {
+  gpumem_stream stream;
+  gpumem__fidx *idx;           /* its STREAM free blocks */
+  gpumem__batch *batches;      /* its pending batches */
+};
+
+struct gpumem__batch {
+  gpumem_event ev;
+  int has_ev;                  /* 0: completes only by device_synchronize */
+  gpumem__srec *srec;
+  gpumem__fidx *idx;
+  gpumem__batch *prev, *next;   /* pool's pending list */
+  gpumem__batch *sprev, *snext; /* srec's list */
+};
+
+#define SLAB_N 128
+typedef struct gpumem__slab {
+  struct gpumem__slab *next;
+  gpumem__block blocks[SLAB_N];
+} gpumem__slab;
+
+struct gpumem__pool {
+  gpumem_context *ctx;
+  int device;
+  gpumem__mutex lock;
+  uint64_t total;              /* device total bytes */
+  uint64_t limit;              /* 0 = none */
+  gpumem__fidx *ready;
+  gpumem__segment *segs;
+  gpumem__segment *empty;
+  uint64_t empty_bytes;
+  gpumem__srec **stab;         /* open addressing, power-of-two capacity */
+  size_t scap, scount;
+  gpumem__batch *pending_head, *pending_tail;
+  size_t npending;
+  gpumem_event *evcache;
+  size_t nev, evcap;
+  gpumem__block *bfree;        /* block slab free list (through next) */
+  gpumem__slab *slabs;
+  gpumem__fidx *ffree;
+  gpumem__batch *batch_free;
+  gpumem_stats st;
+};
+
+/* ---------------------------------------------------------------------- */
+/* Small helpers                                                           */
+
+static inline int msb64(uint64_t x) { return 63 - __builtin_clzll(x); }
+static inline int ctz64(uint64_t x) { return __builtin_ctzll(x); }
+
+static inline uint64_t cached_bytes(const gpumem__pool *p) { return p->st.reserved_bytes - p->st.allocated_bytes; }
+
+int gpumem__pool_device(const gpumem__pool *pool) { return pool->device; }
+int gpumem__pool_device_of(const gpumem__pool *pool) { return pool->device; }
+size_t gpumem__block_requested(const gpumem__block *b) { return b->requested; }
+
+#define LOG(p, lvl, ...) gpumem__log(&(p)->ctx->opt.log, (lvl), __VA_ARGS__)
+
+#ifdef GPUMEM_DEBUG
+static gpumem_status gpumem__pool_check_locked_(gpumem__pool *p);
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* TLSF                                                                    */
+
+static inline void tlsf_map_units(uint64_t u, int *fl, int *sl) {
+  if (u < TLSF_SL) {
+    *fl = 0;
+    *sl = (int)u;
+    return;
+  }
+  int l = msb64(u);
+  int f = l - (TLSF_SL_LOG - 1);
+  if (f >= TLSF_FL) {
+    *fl = TLSF_FL - 1;
+    *sl = TLSF_SL - 1;
+    return;
+  }
+  *fl = f;
+  *sl = (int)((u >> (l - TLSF_SL_LOG)) & (TLSF_SL - 1));
+}
+
+/* Bucket of a block of `size` bytes (units of 256 B: 8 linear buckets, then 8 per power of two). */
+static inline void tlsf_map(size_t size, int *fl, int *sl) { tlsf_map_units((uint64_t)size >> 8, fl, sl); }
+
+static void tlsf_insert(gpumem__tlsf *t, gpumem__block *b) {
+  int fl, sl;
+  tlsf_map(b->size, &fl, &sl);
+  gpumem__block *h = t->heads[fl][sl];
+  b->fprev = NULL;
+  b->fnext = h;
+  if (h != NULL) h->fprev = b;
+  t->heads[fl][sl] = b;
+  t->sl_bitmap[fl] |= (uint8_t)(1u << sl);
+  t->fl_bitmap |= (uint64_t)1 << fl;
+}
+
+static void tlsf_remove(gpumem__tlsf *t, gpumem__block *b) {
+  int fl, sl;
+  tlsf_map(b->size, &fl, &sl);
+  if (b->fprev != NULL) b->fprev->fnext = b->fnext;
+  else t->heads[fl][sl] = b->fnext;
+  if (b->fnext != NULL) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+  if (t->heads[fl][sl] == NULL) {
+    t->sl_bitmap[fl] &= (uint8_t) ~(1u << sl);
+    if (t->sl_bitmap[fl] == 0) t->fl_bitmap &= ~((uint64_t)1 << fl);
+  }
+}
+
+/* A free block of at least size bytes, or NULL. Good fit: the first
+ * non-empty bucket whose every block fits; failing that, a bounded scan of
+ * the bucket size itself falls into. */
+static gpumem__block *tlsf_find(gpumem__tlsf *t, size_t size) {
+  if (t->fl_bitmap == 0) return NULL;
+  uint64_t u = (uint64_t)size >> 8;
+  int fl, sl;
+  if (u >= TLSF_SL) u += ((uint64_t)1 << (msb64(u) - TLSF_SL_LOG)) - 1; /* round up to a bucket boundary */
+  tlsf_map_units(u, &fl, &sl);
+  unsigned slmap = (unsigned)t->sl_bitmap[fl] & (~0u << sl);
+  if (slmap == 0) {
+    uint64_t flmap = fl + 1 < 64 ? t->fl_bitmap & (~(uint64_t)0 << (fl + 1)) : 0;
+    if (flmap != 0) {
+      fl = ctz64(flmap);
+      slmap = t->sl_bitmap[fl];
+    }
+  }
+  if (slmap != 0) {
+    sl = __builtin_ctz(slmap);
+    for (gpumem__block *b = t->heads[fl][sl]; b != NULL; b = b->fnext)
+      if (b->size >= size) return b; /* the head, except in the last (clamped) bucket */
+  }
+  /* the exact bucket may hold a fitting block the rounded search skipped */
+  int efl, esl;
+  tlsf_map(size, &efl, &esl);
+  int n = 0;
+  for (gpumem__block *b = t->heads[efl][esl]; b != NULL && n < 32; b = b->fnext, n++)
+    if (b->size >= size) return b;
+  return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Metadata allocation: block slab, fidx and batch recycling               */
+
+static int block_reserve(gpumem__pool *p, int n) {
+  int have = 0;
+  for (gpumem__block *b = p->bfree; b != NULL && have < n; b = b->next) have++;
+  if (have >= n) return 0;
+  gpumem__slab *s = malloc(sizeof *s);
+  if (s == NULL) return -1;
+  s->next = p->slabs;
+  p->slabs = s;
+  for (int i = SLAB_N - 1; i >= 0; i--) {
+    s->blocks[i].next = p->bfree;
+    p->bfree = &s->blocks[i];
+  }
+  return 0;
+}
+
+/* Caller reserved one first. */
+static gpumem__block *block_new(gpumem__pool *p) {
+  gpumem__block *b = p->bfree;
+  p->bfree = b->next;
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+static void block_free(gpumem__pool *p, gpumem__block *b) {
+  b->idx = NULL;
+  b->seg = NULL;
+  b->next = p->bfree;
+  p->bfree = b;
+}
+
+static void fidx_clear(gpumem__fidx *f, int kind) {
+  memset(f, 0, sizeof *f);
+  f->kind = kind;
+}
+
+static gpumem__fidx *fidx_new(gpumem__pool *p, int kind) {
+  gpumem__fidx *f = p->ffree;
+  if (f != NULL) {
+    p->ffree = f->next_free;
+    f->kind = kind;
+    f->srec = NULL;
+    f->batch = NULL;
+    f->next_free = NULL;
+    return f; /* recycled fidx are empty: heads NULL, bitmaps 0 */
+  }
+  f = malloc(sizeof *f);
+  if (f == NULL) return NULL;
+  fidx_clear(f, kind);
+  return f;
+}
+
+static void fidx_recycle(gpumem__pool *p, gpumem__fidx *f) {
+  f->next_free = p->ffree;
+  p->ffree = f;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Free-index membership                                                   */
+
+static void seg_mark_empty(gpumem__pool *p, gpumem__segment *s) {
+  if (s->empty) return;
+  s->empty = 1;
+  s->eprev = NULL;
+  s->enext = p->empty;
+  if (p->empty != NULL) p->empty->eprev = s;
+  p->empty = s;
+  p->empty_bytes += s->size;
+}
+
+static void seg_unmark_empty(gpumem__pool *p, gpumem__segment *s) {
+  if (!s->empty) return;
+  s->empty = 0;
+  if (s->eprev != NULL) s->eprev->enext = s->enext;
+  else p->empty = s->enext;
+  if (s->enext != NULL) s->enext->eprev = s->eprev;
+  s->eprev = s->enext = NULL;
+  p->empty_bytes -= s->size;
+}
+
+static void idx_insert(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
+  b->idx = f;
+  tlsf_insert(&f->t[b->seg->cls], b);
+  f->nblocks++;
+  f->bytes += b->size;
+  if (f->kind == IDX_READY && b->size == b->seg->size) seg_mark_empty(p, b->seg);
+}
+
+static void idx_remove(gpumem__pool *p, gpumem__block *b) {
+  gpumem__fidx *f = b->idx;
+  if (f->kind == IDX_READY && b->size == b->seg->size) seg_unmark_empty(p, b->seg);
+  tlsf_remove(&f->t[b->seg->cls], b);
+  f->nblocks--;
+  f->bytes -= b->size;
+  b->idx = NULL;
+}
+
+/* Insert b (in no fidx) into f, merging with neighbours already in f. */
+static void insert_coalesce(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
+  gpumem__block *q = b->prev;
+  if (q != NULL && q->idx == f) {
+    idx_remove(p, q);
+    q->size += b->size;
+    q->next = b->next;
+    if (b->next != NULL) b->next->prev = q;
+    block_free(p, b);
+    b = q;
+  }
+  q = b->next;
+  if (q != NULL && q->idx == f) {
+    idx_remove(p, q);
+    b->size += q->size;
+    b->next = q->next;
+    if (q->next != NULL) q->next->prev = b;
+    block_free(p, q);
+  }
+  idx_insert(p, f, b);
+}
+
+/* Search one fidx for a block for a request of class rcls. */
+static gpumem__block *idx_find(gpumem__fidx *f, size_t rsize, int rcls) {
+  if (f == NULL || f->nblocks == 0) return NULL;
+  gpumem__block *b = tlsf_find(&f->t[rcls], rsize);
+  if (b == NULL) b = tlsf_find(&f->t[CLS_MIXED], rsize);
+  return b;
+}
+
+/* Take free block b for rsize bytes: split off the rest into b's fidx. One
+ * block must be reserved. The remainder's other neighbour is never in the
+ * same fidx (it would have been merged with b), so no coalescing is needed. */
+static void take(gpumem__pool *p, gpumem__block *b, size_t rsize) {
+  gpumem__fidx *f = b->idx;
+  idx_remove(p, b);
+  if (b->size > rsize) {
+    gpumem__block *r = block_new(p);
+    r->addr = b->addr + rsize;
+    r->size = b->size - rsize;
+    r->seg = b->seg;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL) b->next->prev = r;
+    b->next = r;
+    b->size = rsize;
+    idx_insert(p, f, r);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Stream records                                                          */
+
+static inline size_t stream_hash(gpumem_stream s) {
+  uint64_t x = (uint64_t)(uintptr_t)s;
+  x ^= x >> 31;
+  x *= 0x9e3779b97f4a7c15ull;
+  return (size_t)(x >> 17);
+}
+
+static gpumem__srec *srec_find(gpumem__pool *p, gpumem_stream s) {
+  if (p->scap == 0) return NULL;
+  size_t i = stream_hash(s) & (p->scap - 1);
+  while (p->stab[i] != NULL) {
+    if (p->stab[i]->stream == s) return p->stab[i];
+    i = (i + 1) & (p->scap - 1);
+  }
+  return NULL;
+}
+
+static gpumem__srec *srec_get(gpumem__pool *p, gpumem_stream s) {
+  gpumem__srec *r = srec_find(p, s);
+  if (r != NULL) return r;
+  if ((p->scount + 1) * 2 > p->scap) {
+    size_t ncap = p->scap ? p->scap * 2 : 8;
+    gpumem__srec **nt = calloc(ncap, sizeof *nt);
+    if (nt == NULL) return NULL;
+    for (size_t i = 0; i < p->scap; i++) {
+      if (p->stab[i] == NULL) continue;
+      size_t j = stream_hash(p->stab[i]->stream) & (ncap - 1);
+      while (nt[j] != NULL) j = (j + 1) & (ncap - 1);
+      nt[j] = p->stab[i];
+    }
+    free(p->stab);
+    p->stab = nt;
+    p->scap = ncap;
+  }
+  r = calloc(1, sizeof *r);
+  if (r == NULL) return NULL;
+  r->idx = fidx_new(p, IDX_STREAM);
+  if (r->idx == NULL) {
+    free(r);
+    return NULL;
+  }
+  r->stream = s;
+  r->idx->srec = r;
+  size_t i = stream_hash(s) & (p->scap - 1);
+  while (p->stab[i] != NULL) i = (i + 1) & (p->scap - 1);
+  p->stab[i] = r;
+  p->scount++;
+  return r;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Events and pending batches                                              */
+
+static gpumem_status ev_get(gpumem__pool *p, gpumem_event *ev) {
+  if (p->nev > 0) {
+    *ev = p->evcache[--p->nev];
+    return GPUMEM_OK;
+  }
+  return gpumem__be_event_create(p->ctx, p->device, ev);
+}
+
+static void ev_put(gpumem__pool *p, gpumem_event ev) {
+  if (p->nev == p->evcap) {
+    size_t ncap = p->evcap ? p->evcap * 2 : 8;
+    gpumem_event *n = realloc(p->evcache, ncap * sizeof *n);
+    if (n == NULL) {
+      (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+      return;
+    }
+    p->evcache = n;
+    p->evcap = ncap;
+  }
+  p->evcache[p->nev++] = ev;
+}
+
+/* Move all STREAM blocks of r into a new pending batch. With with_event, one
+ * event is recorded on r's stream; without, the batch completes only by a
+ * device synchronisation. Returns the batch or NULL (nothing moved). */
+static gpumem__batch *harvest(gpumem__pool *p, gpumem__srec *r, int with_event) {
+  if (r->idx->nblocks == 0) return NULL;
+  gpumem_event ev = NULL;
+  if (with_event) {
+    if (ev_get(p, &ev) != GPUMEM_OK) return NULL;
+    if (gpumem__be_event_record(p->ctx, p->device, ev, r->stream) != GPUMEM_OK) {
+      (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+      return NULL;
+    }
+  }
+  gpumem__batch *b = p->batch_free;
+  if (b != NULL) p->batch_free = b->next;
+  else b = malloc(sizeof *b);
+  gpumem__fidx *nf = b != NULL ? fidx_new(p, IDX_STREAM) : NULL;
+  if (nf == NULL) {
+    if (b != NULL) {
+      b->next = p->batch_free;
+      p->batch_free = b;
+    }
+    if (with_event) ev_put(p, ev);
+    return NULL;
+  }
+  memset(b, 0, sizeof *b);
+  b->ev = ev;
+  b->has_ev = with_event;
+  b->srec = r;
+  b->idx = r->idx;
+  b->idx->kind = IDX_PENDING;
+  b->idx->batch = b;
+  nf->srec = r;
+  r->idx = nf;
+  /* append to the pool's pending list, push on the stream's list */
+  b->prev = p->pending_tail;
+  if (p->pending_tail != NULL) p->pending_tail->next = b;
+  else p->pending_head = b;
+  p->pending_tail = b;
+  p->npending++;
+  b->snext = r->batches;
+  if (r->batches != NULL) r->batches->sprev = b;
+  r->batches = b;
+  return b;
+}
+
+/* The batch's event completed: its blocks become READY (coalescing). */
+static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
+  gpumem__fidx *f = b->idx;
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    while (t->fl_bitmap != 0) {
+      int fl = ctz64(t->fl_bitmap);
+      int sl = __builtin_ctz(t->sl_bitmap[fl]);
+      gpumem__block *blk = t->heads[fl][sl];
+      idx_remove(p, blk);
+      insert_coalesce(p, p->ready, blk);
+    }
+  }
+  if (b->prev != NULL) b->prev->next = b->next;
+  else p->pending_head = b->next;
+  if (b->next != NULL) b->next->prev = b->prev;
+  else p->pending_tail = b->prev;
+  p->npending--;
+  if (b->sprev != NULL) b->sprev->snext = b->snext;
+  else b->srec->batches = b->snext;
+  if (b->snext != NULL) b->snext->sprev = b->sprev;
+  if (b->has_ev) ev_put(p, b->ev);
+  fidx_recycle(p, f);
+  b->next = p->batch_free;
+  p->batch_free = b;
+}
+
+/* Move every batch whose event has completed to READY. No waiting. */
+static void poll_pending(gpumem__pool *p) {
+  gpumem__batch *b = p->pending_head;
+  while (b != NULL) {
+    gpumem__batch *n = b->next;
+    if (b->has_ev) {
+      int done = 0;
+      if (gpumem__be_event_query(p->ctx, p->device, b->ev, &done) == GPUMEM_OK && done) batch_complete(p, b);
+    }
+    b = n;
+  }
+}
+
+/* Harvest every stream with free blocks (except `except`), with events. */
+static void harvest_all(gpumem__pool *p, const gpumem__srec *except) {
+  if (!p->ctx->has_events) return;
+  for (size_t i = 0; i < p->scap; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r != NULL && r != except && r->idx->nblocks > 0) (void)harvest(p, r, 1);
+  }
+}
+
+/* Wait for every pending free of the device and make it READY. */
+static void sync_all(gpumem__pool *p) {
+  int ev = p->ctx->has_events;
+  for (size_t i = 0; i < p->scap; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r != NULL && r->idx->nblocks > 0) {
+      if (harvest(p, r, ev) == NULL && ev) (void)harvest(p, r, 0);
+    }
+  }
+  int need_device_sync = 0;
+  gpumem__batch *b = p->pending_head;
+  while (b != NULL) {
+    gpumem__batch *n = b->next;
+    if (b->has_ev && gpumem__be_event_synchronize(p->ctx, p->device, b->ev) == GPUMEM_OK) {
+      batch_complete(p, b);
+    } else if (b->has_ev && gpumem__be_stream_synchronize(p->ctx, p->device, b->srec->stream) == GPUMEM_OK) {
+      batch_complete(p, b);
+    } else {
+      need_device_sync = 1;
+    }
+    b = n;
+  }
+  if (need_device_sync && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
+    while (p->pending_head != NULL) batch_complete(p, p->pending_head);
+  }
+  /* a stream whose harvest failed (host memory) still has STREAM blocks: they stay */
+}
+
+/* ---------------------------------------------------------------------- */
+/* Segments                                                                */
+
+static gpumem_status seg_create(gpumem__pool *p, size_t size, int cls, gpumem__segment **out) {
+  gpumem__segment *s = calloc(1, sizeof *s);
+  if (s == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  void *mem = NULL;
+  gpumem_status st = gpumem__be_malloc(p->ctx, p->device, size, &mem);
+  if (st != GPUMEM_OK) {
+    free(s);
+    return st;
+  }
+  gpumem__block *b = block_new(p);
+  b->addr = (uintptr_t)mem;
+  b->size = size;
+  b->seg = s;
+  s->pool = p;
+  s->base = (uintptr_t)mem;
+  s->size = size;
+  s->cls = cls;
+  s->kind = SEG_PLAIN;
+  s->head = b;
+  s->next = p->segs;
+  if (p->segs != NULL) p->segs->prev = s;
+  p->segs = s;
+  p->st.reserved_bytes += size;
+  if (p->st.reserved_bytes > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved_bytes;
+  p->st.num_segments++;
+  p->st.num_backend_allocs++;
+  LOG(p, GPUMEM_LOG_DEBUG, "device %d: new %zu-byte segment at %p (reserved %llu)", p->device, size, mem,
+      (unsigned long long)p->st.reserved_bytes);
+  *out = s;
+  return GPUMEM_OK;
+}
+
+static void seg_unlink(gpumem__pool *p, gpumem__segment *s) {
+  if (s->prev != NULL) s->prev->next = s->next;
+  else p->segs = s->next;
+  if (s->next != NULL) s->next->prev = s->prev;
+}
+
+/* Give a wholly free READY segment back. On a backend error it stays. */
+static gpumem_status seg_release(gpumem__pool *p, gpumem__segment *s) {
+  gpumem_status st = gpumem__be_free(p->ctx, p->device, (void *)s->base);
+  if (st != GPUMEM_OK) return st;
+  gpumem__block *b = s->head;
+  idx_remove(p, b); /* also unmarks empty */
+  block_free(p, b);
+  seg_unlink(p, s);
+  p->st.reserved_bytes -= s->size;
+  p->st.num_segments--;
+  p->st.num_backend_frees++;
+  free(s);
+  return GPUMEM_OK;
+}
+
+/* Release wholly free READY segments while cached > keep. Adds to *released. */
+static gpumem_status release_empty(gpumem__pool *p, uint64_t keep, uint64_t *released) {
+  gpumem_status first = GPUMEM_OK;
+  gpumem__segment *s = p->empty;
+  while (s != NULL && cached_bytes(p) > keep) {
+    gpumem__segment *n = s->enext;
+    size_t sz = s->size;
+    gpumem_status st = seg_release(p, s);
+    if (st == GPUMEM_OK) *released += sz;
+    else if (first == GPUMEM_OK) first = st;
+    s = n;
+  }
+  return first;
+}
+
+static void count_trim(gpumem__pool *p, uint64_t released, const char *why) {
+  if (released == 0) return;
+  p->st.num_trims++;
+  p->st.trimmed_bytes += released;
+  LOG(p, GPUMEM_LOG_DEBUG, "device %d: %s gave back %llu bytes (reserved %llu)", p->device, why,
+      (unsigned long long)released, (unsigned long long)p->st.reserved_bytes);
+}
+
+/* After a free: keep cached <= release_threshold, without waiting. */
+static void check_threshold(gpumem__pool *p) {
+  uint64_t thr = p->ctx->opt.release_threshold;
+  if (cached_bytes(p) <= thr) return;
+  uint64_t rel = 0;
+  (void)release_empty(p, thr, &rel);
+  if (cached_bytes(p) > thr && p->ctx->has_events) {
+    harvest_all(p, NULL);
+    poll_pending(p);
+    (void)release_empty(p, thr, &rel);
+  }
+  count_trim(p, rel, "release threshold");
+}
+
+/* After growing: if the device's free memory is below trim_free_fraction of total, give back free segments. */
+static void check_free_fraction(gpumem__pool *p) {
+  double frac = p->ctx->opt.trim_free_fraction;
+  if (frac <= 0.0) return;
+  uint64_t fr = 0, tot = 0;
+  if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return;
+  if ((double)fr >= frac * (double)tot) return;
+  uint64_t rel = 0;
+  harvest_all(p, NULL);
+  poll_pending(p);
+  (void)release_empty(p, 0, &rel);
+  count_trim(p, rel, "low device memory");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Allocation                                                              */
+
+static size_t std_segment_size(size_t rsize, int rcls) {
+  if (rcls == CLS_SMALL) return GPUMEM__SMALL_SEG;
+  if (rsize <= GPUMEM__MEDIUM_MAX) return GPUMEM__MEDIUM_SEG;
+  return (rsize + GPUMEM__LARGE_ROUND - 1) & ~(GPUMEM__LARGE_ROUND - 1); /* overflow checked by caller */
+}
+
+static gpumem__block *search_cache(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls) {
+  gpumem__block *b = NULL;
+  if (r != NULL) {
+    b = idx_find(r->idx, rsize, rcls);
+    for (gpumem__batch *bt = r->batches; b == NULL && bt != NULL; bt = bt->snext) b = idx_find(bt->idx, rsize, rcls);
+  }
+  if (b == NULL) b = idx_find(p->ready, rsize, rcls);
+  return b;
+}
+
+/* Grow by one segment for rsize: the standard size, or smaller ones that
+ * still fit the request when the standard one would pass the limit or the
+ * device. Returns OK with *out taken, LIMIT_EXCEEDED, OUT_OF_MEMORY or another error. */
+static gpumem_status grow(gpumem__pool *p, size_t rsize, int rcls, int smallest_first_on_oom, gpumem__block **out) {
+  size_t cand[3];
+  int nc = 0;
+  cand[nc++] = std_segment_size(rsize, rcls);
+  size_t r2 = (rsize + GPUMEM__LARGE_ROUND - 1) & ~(GPUMEM__LARGE_ROUND - 1);
+  if (r2 < cand[0]) cand[nc++] = r2;
+  if (rsize < r2) cand[nc++] = rsize;
+  gpumem_status st = GPUMEM_ERR_LIMIT_EXCEEDED;
+  int tried = 0;
+  for (int i = 0; i < nc; i++) {
+    size_t sz = cand[i];
+    if (p->limit != 0 && p->st.reserved_bytes + sz > p->limit) continue;
+    if (p->total != 0 && sz > p->total) continue;
+    if (tried && !smallest_first_on_oom) break; /* one malloc on the fast path */
+    tried = 1;
+    gpumem__segment *s = NULL;
+    st = seg_create(p, sz, rcls, &s);
+    if (st == GPUMEM_OK) {
+      gpumem__block *b = s->head;
+      if (b->size > rsize) {
+        /* split: the rest is new memory with no pending work, READY for every stream */
+        gpumem__block *rest = block_new(p);
+        rest->addr = b->addr + rsize;
+        rest->size = b->size - rsize;
+        rest->seg = s;
+        rest->prev = b;
+        b->next = rest;
+        b->size = rsize;
+        idx_insert(p, p->ready, rest);
+      }
+      *out = b;
+      return GPUMEM_OK;
+    }
+    if (st != GPUMEM_ERR_OUT_OF_MEMORY) return st;
+  }
+  if (!tried) return GPUMEM_ERR_LIMIT_EXCEEDED;
+  return st;
+}
+
+/* One allocation attempt under the pool lock, with all the fallbacks except the OOM callback. */
+static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream, gpumem__block **out) {
+  if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
+  gpumem__srec *r = srec_find(p, stream);
+  gpumem__block *b = search_cache(p, r, rsize, rcls);
+  if (b == NULL && p->npending > 0) {
+    poll_pending(p);
+    b = idx_find(p->ready, rsize, rcls);
+  }
+  if (b == NULL && p->ctx->has_events && p->scount > (r != NULL ? 1u : 0u)) {
+    harvest_all(p, r);
+    poll_pending(p);
+    b = idx_find(p->ready, rsize, rcls);
+  }
+  if (b != NULL) {
+    take(p, b, rsize);
+    *out = b;
+    return GPUMEM_OK;
+  }
+
+  gpumem_status st = grow(p, rsize, rcls, 0, out);
+  if (st == GPUMEM_OK) {
+    check_free_fraction(p);
+    return GPUMEM_OK;
+  }
+  if (st != GPUMEM_ERR_OUT_OF_MEMORY && st != GPUMEM_ERR_LIMIT_EXCEEDED) return st;
+
+  /* Slow path: wait for every pending free, then retry from the cache. */
+  sync_all(p);
+  b = search_cache(p, srec_find(p, stream), rsize, rcls);
+  if (b != NULL) {
+    take(p, b, rsize);
+    *out = b;
+    return GPUMEM_OK;
+  }
+
+  if (st == GPUMEM_ERR_LIMIT_EXCEEDED) {
+    /* release free segments only if that makes room for the smallest segment that serves the request */
+    uint64_t need = (uint64_t)rsize;
+    if (p->st.reserved_bytes - p->empty_bytes + need <= p->limit) {
+      uint64_t rel = 0;
+      gpumem__segment *s = p->empty;
+      while (s != NULL && p->st.reserved_bytes + std_segment_size(rsize, rcls) > p->limit) {
+        gpumem__segment *n = s->enext;
+        size_t sz = s->size;
+        if (seg_release(p, s) == GPUMEM_OK) rel += sz;
+        s = n;
+      }
+      /* the standard size may still not fit: grow() falls back to smaller segments */
+      if (p->st.reserved_bytes + need > p->limit) {
+        s = p->empty;
+        while (s != NULL && p->st.reserved_bytes + need > p->limit) {
+          gpumem__segment *n = s->enext;
+          size_t sz = s->size;
+          if (seg_release(p, s) == GPUMEM_OK) rel += sz;
+          s = n;
+        }
+      }
+      count_trim(p, rel, "limit");
+      st = grow(p, rsize, rcls, 1, out);
+      if (st == GPUMEM_OK) return GPUMEM_OK;
+      if (st != GPUMEM_ERR_LIMIT_EXCEEDED && st != GPUMEM_ERR_OUT_OF_MEMORY) return st;
+    }
+    if (st == GPUMEM_ERR_LIMIT_EXCEEDED) return st;
+  }
+
+  /* Out of memory: give back every free segment, retry. */
+  p->st.num_oom_retries++;
+  uint64_t rel = 0;
+  (void)release_empty(p, 0, &rel);
+  count_trim(p, rel, "out-of-memory retry");
+  st = grow(p, rsize, rcls, 1, out);
+  return st;
+}
+
+gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream stream, const char *tag, void **out) {
+  if (size > SIZE_MAX - (GPUMEM__LARGE_ROUND - 1)) return GPUMEM_ERR_INVALID_ARGUMENT; /* rounding would overflow */
+  size_t rsize = (size + GPUMEM__ALIGN - 1) & ~(GPUMEM__ALIGN - 1);
+  int rcls = rsize <= GPUMEM__SMALL_MAX ? CLS_SMALL : CLS_LARGE;
+  gpumem_context *ctx = p->ctx;
+
+  for (int attempt = 0;; attempt++) {
+    gpumem_status st;
+    gpumem__block *b = NULL;
+    gpumem__mutex_lock(&p->lock);
+    if (p->limit != 0 && rsize > p->limit) {
+      st = GPUMEM_ERR_LIMIT_EXCEEDED;
+    } else if (p->total != 0 && rsize > p->total) {
+      st = GPUMEM_ERR_OUT_OF_MEMORY; /* can never fit: no trimming, no callback */
+      attempt = 1;
+    } else {
+      st = alloc_locked(p, rsize, rcls, stream, &b);
+    }
+    if (st == GPUMEM_OK) {
+      if (gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) != 0) {
+        /* host out of memory: give the unused block back as a free on its stream */
+        gpumem__srec *r = srec_get(p, stream);
+        if (r != NULL) {
+          insert_coalesce(p, r->idx, b);
+        } else {
+          (void)gpumem__be_device_synchronize(ctx, p->device);
+          insert_coalesce(p, p->ready, b);
+        }
+        gpumem__mutex_unlock(&p->lock);
+        return GPUMEM_ERR_OUT_OF_MEMORY;
+      }
+      b->requested = size;
+      b->tag = tag;
+      p->st.allocated_bytes += b->size;
+      if (p->st.allocated_bytes > p->st.allocated_peak) p->st.allocated_peak = p->st.allocated_bytes;
+      p->st.requested_bytes += size;
+      p->st.num_allocs++;
+      p->st.num_live++;
+#ifdef GPUMEM_DEBUG
+      if (gpumem__pool_check_locked_(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after alloc");
+#endif
+      gpumem__mutex_unlock(&p->lock);
+      *out = (void *)b->addr;
+      return GPUMEM_OK;
+    }
+    if (st == GPUMEM_ERR_LIMIT_EXCEEDED) {
+      p->st.num_limit_exceeded++;
+      gpumem__mutex_unlock(&p->lock);
+      LOG(p, GPUMEM_LOG_WARN, "device %d: allocation of %zu bytes refused: it would pass the limit of %llu bytes",
+          p->device, size, (unsigned long long)p->limit);
+      return st;
+    }
+    if (st != GPUMEM_ERR_OUT_OF_MEMORY || attempt > 0 || ctx->opt.oom_callback == NULL) {
+      if (st == GPUMEM_ERR_OUT_OF_MEMORY) p->st.num_ooms++;
+      uint64_t res = p->st.reserved_bytes, alloc = p->st.allocated_bytes;
+      gpumem__mutex_unlock(&p->lock);
+      if (st == GPUMEM_ERR_OUT_OF_MEMORY)
+        LOG(p, GPUMEM_LOG_WARN, "device %d: out of memory allocating %zu bytes (allocated %llu, reserved %llu)",
+            p->device, size, (unsigned long long)alloc, (unsigned long long)res);
+      return st;
+    }
+    gpumem__mutex_unlock(&p->lock);
+    /* the callback runs with no lock held: it may free and trim */
+    LOG(p, GPUMEM_LOG_DEBUG, "device %d: calling the out-of-memory callback for %zu bytes", p->device, size);
+    if (ctx->opt.oom_callback(ctx->opt.oom_user, p->device, size) == 0) {
+      gpumem__mutex_lock(&p->lock);
+      p->st.num_ooms++;
+      gpumem__mutex_unlock(&p->lock);
+      LOG(p, GPUMEM_LOG_WARN, "device %d: out of memory allocating %zu bytes (callback declined to retry)", p->device,
+          size);
+      return GPUMEM_ERR_OUT_OF_MEMORY;
+    }
+  }
+}
+
+gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream) {
+  gpumem__mutex_lock(&p->lock);
+  gpumem__block *b = gpumem__ptrmap_remove(&p->ctx->map, (uintptr_t)ptr, p);
+  if (b == NULL) {
+    gpumem__mutex_unlock(&p->lock);
+    return GPUMEM_ERR_INVALID_POINTER;
+  }
+  p->st.allocated_bytes -= b->size;
+  p->st.requested_bytes -= b->requested;
+  p->st.num_frees++;
+  p->st.num_live--;
+  b->requested = 0;
+  b->tag = NULL;
+  gpumem__srec *r = srec_get(p, stream);
+  if (r != NULL) {
+    insert_coalesce(p, r->idx, b);
+  } else {
+    /* no host memory for a stream record: wait, then the block is usable by all */
+    (void)gpumem__be_device_synchronize(p->ctx, p->device);
+    insert_coalesce(p, p->ready, b);
+  }
+  check_threshold(p);
+#ifdef GPUMEM_DEBUG
+  if (gpumem__pool_check_locked_(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after free");
+#endif
+  gpumem__mutex_unlock(&p->lock);
+  return GPUMEM_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Trim, reset, stats                                                      */
+
+gpumem_status gpumem__pool_trim(gpumem__pool *p, uint64_t keep, uint64_t *released) {
+  gpumem__mutex_lock(&p->lock);
+  sync_all(p);
+  uint64_t rel = 0;
+  gpumem_status st = release_empty(p, keep, &rel);
+  count_trim(p, rel, "trim");
+  gpumem__mutex_unlock(&p->lock);
+  *released += rel;
+  return st;
+}
+
+/* Drop everything: live blocks are invalidated, every segment, event and
+ * record is given back. Stats: current values go to 0, cumulative ones stay. */
+static void pool_clear_locked(gpumem__pool *p) {
+  gpumem_context *ctx = p->ctx;
+  gpumem__segment *s = p->segs;
+  while (s != NULL) {
+    gpumem__segment *n = s->next;
+    for (gpumem__block *b = s->head; b != NULL; b = b->next)
+      if (b->idx == NULL) (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p);
+    if (gpumem__be_free(ctx, p->device, (void *)s->base) == GPUMEM_OK) p->st.num_backend_frees++;
+    free(s);
+    s = n;
+  }
+  p->segs = NULL;
+  p->empty = NULL;
+  p->empty_bytes = 0;
+  /* batches and their events */
+  gpumem__batch *bt = p->pending_head;
+  while (bt != NULL) {
+    gpumem__batch *n = bt->next;
+    if (bt->has_ev) (void)gpumem__be_event_destroy(ctx, p->device, bt->ev);
+    free(bt->idx);
+    free(bt);
+    bt = n;
+  }
+  p->pending_head = p->pending_tail = NULL;
+  p->npending = 0;
+  while (p->batch_free != NULL) {
+    bt = p->batch_free->next;
+    free(p->batch_free);
+    p->batch_free = bt;
+  }
+  for (size_t i = 0; i < p->nev; i++) (void)gpumem__be_event_destroy(ctx, p->device, p->evcache[i]);
+  p->nev = 0;
+  /* stream records */
+  for (size_t i = 0; i < p->scap; i++) {
+    if (p->stab[i] == NULL) continue;
+    free(p->stab[i]->idx);
+    free(p->stab[i]);
+    p->stab[i] = NULL;
+  }
+  p->scount = 0;
+  while (p->ffree != NULL) {
+    gpumem__fidx *n = p->ffree->next_free;
+    free(p->ffree);
+    p->ffree = n;
+  }
+  fidx_clear(p->ready, IDX_READY);
+  /* every block is unused now */
+  while (p->slabs != NULL) {
+    gpumem__slab *n = p->slabs->next;
+    free(p->slabs);
+    p->slabs = n;
+  }
+  p->bfree = NULL;
+  p->st.allocated_bytes = 0;
+  p->st.requested_bytes = 0;
+  p->st.reserved_bytes = 0;
+  p->st.num_live = 0;
+  p->st.num_segments = 0;
+}
+
+gpumem_status gpumem__pool_reset(gpumem__pool *p) {
+  gpumem__mutex_lock(&p->lock);
+  gpumem_status st = gpumem__be_device_synchronize(p->ctx, p->device);
+  uint64_t live = p->st.num_live, res = p->st.reserved_bytes;
+  pool_clear_locked(p);
+  gpumem__mutex_unlock(&p->lock);
+  LOG(p, GPUMEM_LOG_INFO, "device %d: reset: %llu live allocation(s) invalidated, %llu bytes given back", p->device,
+      (unsigned long long)live, (unsigned long long)res);
+  return st;
+}
+
+void gpumem__pool_get_stats(gpumem__pool *p, gpumem_stats *st) {
+  gpumem__mutex_lock(&p->lock);
+  *st = p->st;
+  st->cached_bytes = p->st.reserved_bytes - p->st.allocated_bytes;
+  gpumem__mutex_unlock(&p->lock);
+}
+
+void gpumem__pool_reset_peaks(gpumem__pool *p) {
+  gpumem__mutex_lock(&p->lock);
+  p->st.allocated_peak = p->st.allocated_bytes;
+  p->st.reserved_peak = p->st.reserved_bytes;
+  gpumem__mutex_unlock(&p->lock);
+}
+
+void gpumem__pool_live(gpumem__pool *p, uint64_t *count, uint64_t *bytes, gpumem__leak *first, size_t max,
+                       size_t *nfirst) {
+  gpumem__mutex_lock(&p->lock);
+  *count += p->st.num_live;
+  *bytes += p->st.allocated_bytes;
+  for (gpumem__segment *s = p->segs; s != NULL && *nfirst < max; s = s->next) {
+    for (gpumem__block *b = s->head; b != NULL && *nfirst < max; b = b->next) {
+      if (b->idx != NULL) continue;
+      gpumem__leak *l = &first[(*nfirst)++];
+      l->ptr = b->addr;
+      l->size = b->size;
+      l->requested = b->requested;
+      l->device = p->device;
+      l->tag = b->tag;
+    }
+  }
+  gpumem__mutex_unlock(&p->lock);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Create / destroy                                                        */
+
+gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out) {
+  gpumem_backend_device_info info;
+  memset(&info, 0, sizeof info);
+  gpumem_status st = gpumem__be_device_info(ctx, device, &info);
+  if (st != GPUMEM_OK) return st;
+  gpumem__pool *p = calloc(1, sizeof *p);
+  if (p == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  p->ctx = ctx;
+  p->device = device;
+  p->total = info.total_bytes;
+  p->st.struct_size = (uint32_t)sizeof(gpumem_stats);
+  uint64_t lim = ctx->opt.limit_bytes;
+  if (ctx->opt.limit_fraction > 0.0 && p->total > 0) {
+    double f = ctx->opt.limit_fraction * (double)p->total;
+    uint64_t fl = f >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)f;
+    if (lim == 0 || fl < lim) lim = fl;
+    if (lim == 0) lim = 1; /* a tiny fraction still means "a limit" */
+  }
+  p->limit = lim;
+  p->ready = malloc(sizeof *p->ready);
+  if (p->ready == NULL || gpumem__mutex_init(&p->lock) != 0) {
+    free(p->ready);
+    free(p);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
+  fidx_clear(p->ready, IDX_READY);
+
+  uint64_t init = ctx->opt.initial_bytes;
+  if (init > 0) {
+    if (init > (uint64_t)(SIZE_MAX - GPUMEM__LARGE_ROUND)) {
+      LOG(p, GPUMEM_LOG_WARN, "device %d: initial_bytes %llu is too large; not preallocating", device,
+          (unsigned long long)init);
+    } else {
+      size_t sz = ((size_t)init + GPUMEM__LARGE_ROUND - 1) & ~(GPUMEM__LARGE_ROUND - 1);
+      gpumem__segment *s = NULL;
+      if (p->limit != 0 && sz > p->limit) {
+        LOG(p, GPUMEM_LOG_WARN, "device %d: initial_bytes %zu passes the limit %llu; not preallocating", device, sz,
+            (unsigned long long)p->limit);
+      } else if (block_reserve(p, 1) != 0 || seg_create(p, sz, CLS_MIXED, &s) != GPUMEM_OK) {
+        LOG(p, GPUMEM_LOG_WARN, "device %d: could not preallocate initial_bytes (%zu bytes)", device, sz);
+      } else {
+        idx_insert(p, p->ready, s->head);
+      }
+    }
+  }
+  LOG(p, GPUMEM_LOG_INFO, "device %d: pool created (%s, %llu bytes total, limit %llu)", device, info.name,
+      (unsigned long long)p->total, (unsigned long long)p->limit);
+  *out = p;
+  return GPUMEM_OK;
+}
+
+void gpumem__pool_destroy(gpumem__pool *p) {
+  if (p == NULL) return;
+  gpumem__mutex_lock(&p->lock);
+  if (p->segs != NULL) (void)gpumem__be_device_synchronize(p->ctx, p->device);
+  pool_clear_locked(p);
+  gpumem__mutex_unlock(&p->lock);
+  free(p->stab);
+  free(p->evcache);
+  free(p->ready);
+  gpumem__mutex_destroy(&p->lock);
+  free(p);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Invariant checker                                                       */
+
+#define CHECK(cond)                                                       \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      LOG(p, GPUMEM_LOG_ERROR, "invariant violated (device %d): %s", p->device, #cond); \
+      return GPUMEM_ERR_INTERNAL;                                         \
+    }                                                                     \
+  } while (0)
+
+static gpumem_status check_fidx(gpumem__pool *p, gpumem__fidx *f, int kind, size_t *seen) {
+  CHECK(f->kind == kind);
+  size_t n = 0;
+  uint64_t bytes = 0;
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    for (int fl = 0; fl < TLSF_FL; fl++) {
+      CHECK(((t->fl_bitmap >> fl) & 1u) == (t->sl_bitmap[fl] != 0));
+      for (int sl = 0; sl < TLSF_SL; sl++) {
+        CHECK(((t->sl_bitmap[fl] >> sl) & 1u) == (t->heads[fl][sl] != NULL));
+        gpumem__block *prev = NULL;
+        for (gpumem__block *b = t->heads[fl][sl]; b != NULL; b = b->fnext) {
+          int bfl, bsl;
+          tlsf_map(b->size, &bfl, &bsl);
+          CHECK(bfl == fl && bsl == sl);
+          CHECK(b->idx == f);
+          CHECK(b->fprev == prev);
+          CHECK(b->seg != NULL && b->seg->cls == c);
+          prev = b;
+          n++;
+          bytes += b->size;
+        }
+      }
+    }
+  }
+  CHECK(n == f->nblocks);
+  CHECK(bytes == f->bytes);
+  *seen += n;
+  return GPUMEM_OK;
+}
+
+static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t *live_out) {
+  uint64_t reserved = 0, allocated = 0, requested = 0, live = 0, nseg = 0, empty_bytes = 0;
+  size_t free_blocks = 0;
+  for (gpumem__segment *s = p->segs; s != NULL; s = s->next) {
+    CHECK(s->pool == p);
+    CHECK(s->next == NULL || s->next->prev == s);
+    CHECK(s->head != NULL && s->head->prev == NULL && s->head->addr == s->base);
+    uintptr_t at = s->base;
+    for (gpumem__block *b = s->head; b != NULL; b = b->next) {
+      CHECK(b->seg == s);
+      CHECK(b->addr == at);
+      CHECK(b->size > 0 && b->size % GPUMEM__ALIGN == 0);
+      CHECK(b->next == NULL || b->next->prev == b);
+      if (b->idx == NULL) {
+        live++;
+        allocated += b->size;
+        requested += b->requested;
+        CHECK(b->requested > 0 && b->requested <= b->size);
+        if (check_map) CHECK(gpumem__ptrmap_contains(&p->ctx->map, b->addr, b, p));
+      } else {
+        free_blocks++;
+        CHECK(b->next == NULL || b->next->idx != b->idx); /* coalesced */
+      }
+      at += b->size;
+    }
+    CHECK(at == s->base + s->size);
+    int whole = s->head->next == NULL && s->head->idx == p->ready;
+    CHECK(whole == s->empty);
+    if (s->empty) empty_bytes += s->size;
+    reserved += s->size;
+    nseg++;
+  }
+  size_t empties = 0;
+  for (gpumem__segment *s = p->empty; s != NULL; s = s->enext) {
+    CHECK(s->empty);
+    empties += s->size;
+  }
+  CHECK(empties == empty_bytes && empty_bytes == p->empty_bytes);
+  size_t seen = 0;
+  gpumem_status st = check_fidx(p, p->ready, IDX_READY, &seen);
+  if (st != GPUMEM_OK) return st;
+  size_t ns = 0;
+  for (size_t i = 0; i < p->scap; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r == NULL) continue;
+    ns++;
+    CHECK(srec_find(p, r->stream) == r);
+    CHECK(r->idx->srec == r);
+    st = check_fidx(p, r->idx, IDX_STREAM, &seen);
+    if (st != GPUMEM_OK) return st;
+    for (gpumem__batch *b = r->batches; b != NULL; b = b->snext) CHECK(b->srec == r);
+  }
+  CHECK(ns == p->scount);
+  size_t nb = 0;
+  for (gpumem__batch *b = p->pending_head; b != NULL; b = b->next) {
+    nb++;
+    CHECK(b->idx->batch == b);
+    CHECK(b->next != NULL || p->pending_tail == b);
+    st = check_fidx(p, b->idx, IDX_PENDING, &seen);
+    if (st != GPUMEM_OK) return st;
+  }
+  CHECK(nb == p->npending);
+  CHECK(seen == free_blocks);
+  CHECK(reserved == p->st.reserved_bytes);
+  CHECK(allocated == p->st.allocated_bytes);
+  CHECK(requested == p->st.requested_bytes);
+  CHECK(live == p->st.num_live);
+  CHECK(nseg == p->st.num_segments);
+  CHECK(p->st.allocated_peak >= p->st.allocated_bytes);
+  CHECK(p->st.reserved_peak >= p->st.reserved_bytes);
+  CHECK(p->limit == 0 || p->st.reserved_bytes <= p->limit);
+  if (live_out != NULL) *live_out = live;
+  return GPUMEM_OK;
+}
+
+#ifdef GPUMEM_DEBUG
+static gpumem_status gpumem__pool_check_locked_(gpumem__pool *p) { return pool_check_locked(p, 0, NULL); }
+#endif
+
+gpumem_status gpumem__pool_check(gpumem__pool *p, uint64_t *live_count) {
+  gpumem__mutex_lock(&p->lock);
+  gpumem_status st = pool_check_locked(p, 1, live_count);
+  gpumem__mutex_unlock(&p->lock);
+  return st;
+}

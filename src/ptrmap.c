@@ -1,0 +1,184 @@
+/* ptrmap.c: the context-wide pointer index. Every live block is here, keyed
+ * by its address; gpumem_free() validates its pointer against it, so a
+ * foreign, interior or already-freed pointer is rejected without changing
+ * anything. 64 shards, each an open-addressing table (linear probing,
+ * backward-shift deletion) under its own mutex. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static inline uint64_t hash_key(uintptr_t key) {
+  uint64_t x = (uint64_t)key >> 8; /* pointers are 256-aligned */
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return x;
+}
+
+static inline gpumem__ptrmap_shard *shard_of(gpumem__ptrmap *m, uint64_t h) {
+  return &m->shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
+}
+
+int gpumem__ptrmap_init(gpumem__ptrmap *m) {
+  for (int i = 0; i < GPUMEM__PTRMAP_SHARDS; i++) {
+    gpumem__ptrmap_shard *s = &m->shards[i];
+    s->cap = 0;
+    s->count = 0;
+    s->slots = NULL;
+    if (gpumem__mutex_init(&s->lock) != 0) {
+      while (--i >= 0) gpumem__mutex_destroy(&m->shards[i].lock);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+void gpumem__ptrmap_destroy(gpumem__ptrmap *m) {
+  for (int i = 0; i < GPUMEM__PTRMAP_SHARDS; i++) {
+    free(m->shards[i].slots);
+    m->shards[i].slots = NULL;
+    gpumem__mutex_destroy(&m->shards[i].lock);
+  }
+}
+
+/* Slot index for the within-shard position (use the high bits; the low bits chose the shard). */
+static inline size_t home(const gpumem__ptrmap_shard *s, uint64_t h) { return (size_t)(h >> 6) & (s->cap - 1); }
+
+static int grow(gpumem__ptrmap_shard *s) {
+  size_t ncap = s->cap ? s->cap * 2 : 64;
+  gpumem__ptrmap_entry *ns = calloc(ncap, sizeof *ns);
+  if (ns == NULL) return -1;
+  for (size_t i = 0; i < s->cap; i++) {
+    if (s->slots[i].key == 0) continue;
+    size_t j = (size_t)(hash_key(s->slots[i].key) >> 6) & (ncap - 1);
+    while (ns[j].key != 0) j = (j + 1) & (ncap - 1);
+    ns[j] = s->slots[i];
+  }
+  free(s->slots);
+  s->slots = ns;
+  s->cap = ncap;
+  return 0;
+}
+
+/* keep load <= 1/2 */
+static inline int need_grow(const gpumem__ptrmap_shard *s) { return (s->count + 1) * 2 > s->cap; }
+
+int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
+  gpumem__ptrmap_shard *s = shard_of(m, hash_key(key));
+  gpumem__mutex_lock(&s->lock);
+  int rc = 0;
+  if (need_grow(s)) rc = grow(s);
+  gpumem__mutex_unlock(&s->lock);
+  return rc;
+}
+
+int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool) {
+  uint64_t h = hash_key(key);
+  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__mutex_lock(&s->lock);
+  if (need_grow(s) && grow(s) != 0) {
+    gpumem__mutex_unlock(&s->lock);
+    return -1;
+  }
+  size_t i = home(s, h);
+  while (s->slots[i].key != 0 && s->slots[i].key != key) i = (i + 1) & (s->cap - 1);
+  if (s->slots[i].key == 0) s->count++;
+  s->slots[i].key = key;
+  s->slots[i].block = b;
+  s->slots[i].pool = pool;
+  gpumem__mutex_unlock(&s->lock);
+  return 0;
+}
+
+/* Index of key in s, or SIZE_MAX. Caller holds the lock. */
+static size_t find(const gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
+  if (s->cap == 0) return SIZE_MAX;
+  size_t i = home(s, h);
+  while (s->slots[i].key != 0) {
+    if (s->slots[i].key == key) return i;
+    i = (i + 1) & (s->cap - 1);
+  }
+  return SIZE_MAX;
+}
+
+gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
+  uint64_t h = hash_key(key);
+  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__mutex_lock(&s->lock);
+  size_t i = find(s, key, h);
+  gpumem__pool *p = i == SIZE_MAX ? NULL : s->slots[i].pool;
+  gpumem__mutex_unlock(&s->lock);
+  return p;
+}
+
+gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool) {
+  uint64_t h = hash_key(key);
+  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__mutex_lock(&s->lock);
+  size_t i = find(s, key, h);
+  if (i == SIZE_MAX || s->slots[i].pool != pool) {
+    gpumem__mutex_unlock(&s->lock);
+    return NULL;
+  }
+  gpumem__block *b = s->slots[i].block;
+  /* backward-shift deletion */
+  size_t mask = s->cap - 1;
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (s->slots[j].key == 0) break;
+    size_t k = home(s, hash_key(s->slots[j].key));
+    /* move j into i if k is not cyclically in (i, j] */
+    if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+      s->slots[i] = s->slots[j];
+      i = j;
+    }
+  }
+  s->slots[i].key = 0;
+  s->slots[i].block = NULL;
+  s->slots[i].pool = NULL;
+  s->count--;
+  gpumem__mutex_unlock(&s->lock);
+  return b;
+}
+
+int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
+  uint64_t h = hash_key(key);
+  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__mutex_lock(&s->lock);
+  size_t i = find(s, key, h);
+  if (i == SIZE_MAX) {
+    gpumem__mutex_unlock(&s->lock);
+    return -1;
+  }
+  /* the block is live while its entry exists, and entries only go away under this lock */
+  size_t r = gpumem__block_requested(s->slots[i].block);
+  int d = gpumem__pool_device_of(s->slots[i].pool);
+  gpumem__mutex_unlock(&s->lock);
+  if (requested != NULL) *requested = r;
+  if (device != NULL) *device = d;
+  return 0;
+}
+
+int gpumem__ptrmap_contains(gpumem__ptrmap *m, uintptr_t key, const gpumem__block *b, const gpumem__pool *pool) {
+  uint64_t h = hash_key(key);
+  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__mutex_lock(&s->lock);
+  size_t i = find(s, key, h);
+  int ok = i != SIZE_MAX && s->slots[i].block == b && s->slots[i].pool == pool;
+  gpumem__mutex_unlock(&s->lock);
+  return ok;
+}
+
+size_t gpumem__ptrmap_count_pool(gpumem__ptrmap *m, const gpumem__pool *pool) {
+  size_t n = 0;
+  for (int k = 0; k < GPUMEM__PTRMAP_SHARDS; k++) {
+    gpumem__ptrmap_shard *s = &m->shards[k];
+    gpumem__mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->cap; i++)
+      if (s->slots[i].key != 0 && s->slots[i].pool == pool) n++;
+    gpumem__mutex_unlock(&s->lock);
+  }
+  return n;
+}
