@@ -34,6 +34,8 @@ from .errors import (
     OutOfMemoryError,
 )
 
+from . import sim  # noqa: E402  (sim controls, for tests)
+
 __version__ = "0.1.0"
 
 #: gpumem_log_level values
@@ -88,4 +90,5 @@ __all__ = [
     "AllocatorInUseError",
     "LibraryNotFoundError",
     "capi",
+    "sim",
 ]

@@ -222,6 +222,8 @@ class Context:
         log_callback: ``f(level, message)``, called from any thread; must not
             call into this context.
         flags: ``gpumem_config.flags`` bits.
+        custom_backend: a :class:`gpumem.capi.Backend` vtable (or its address
+            as an int) used instead of ``backend``; copied at creation.
 
     A context is a context manager: leaving the ``with`` block closes it.
     Closing ends open scopes, marks the remaining :class:`Buffer` objects
@@ -245,6 +247,7 @@ class Context:
         oom_callback: Optional[OomCallback] = None,
         log_callback: Optional[LogCallback] = None,
         flags: int = 0,
+        custom_backend: Any = None,
     ) -> None:
         cfg = capi.Config()
         capi.lib.gpumem_config_init(byref(cfg))
@@ -264,6 +267,12 @@ class Context:
                     raise _arg_error("unknown log level %r" % log_level) from None
             cfg.log_level = int(log_level)
         keep: Tuple[Any, ...] = (backend_b,)
+        if custom_backend is not None:
+            if isinstance(custom_backend, capi.Backend):
+                cfg.custom_backend = ctypes.addressof(custom_backend)
+            else:
+                cfg.custom_backend = int(custom_backend)
+            keep += (custom_backend,)
         if oom_callback is not None:
             oom_c = _wrap_oom(oom_callback)
             cfg.oom_callback = oom_c
@@ -643,7 +652,9 @@ def _arg_error(detail: str) -> InvalidArgumentError:
 
 
 def _size(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, bool):
+        raise TypeError("a size must be an int, not a bool")
+    if not isinstance(n, int):
         try:
             n = n.__index__()
         except AttributeError:
@@ -654,7 +665,9 @@ def _size(n: Any) -> int:
 
 
 def _u64(n: Any, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, bool):
+        raise TypeError("%s must be an int, not a bool" % what)
+    if not isinstance(n, int):
         try:
             n = n.__index__()
         except AttributeError:

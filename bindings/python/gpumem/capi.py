@@ -49,6 +49,8 @@ __all__ = [
     "DeviceInfo",
     "Stats",
     "Buffer",
+    "Backend",
+    "builtin_backend",
     "OOM_FN",
     "LOG_FN",
     "ALL_DEVICES",
@@ -180,6 +182,30 @@ class Buffer(Structure):
         ("device", c_int),
         ("stream", c_void_p),
     ]
+
+
+_BACKEND_METHODS = (
+    "init", "shutdown", "device_count", "device_info", "mem_get_info", "malloc", "free",
+    "event_create", "event_destroy", "event_record", "event_query", "event_synchronize",
+    "stream_synchronize", "device_synchronize", "device_reset", "error_status", "error_string",
+    "vm_granularity", "vm_reserve", "vm_release", "vm_create", "vm_destroy", "vm_map", "vm_unmap",
+)
+
+
+class Backend(Structure):
+    """``gpumem_backend`` (include/gpumem/backend.h), methods as raw function pointers.
+
+    Enough to copy a built-in vtable (:func:`builtin_backend`), change some
+    members and pass it as ``Context(custom_backend=...)``; the core copies it
+    at create time.
+    """
+
+    _fields_ = [
+        ("version", c_uint32),
+        ("struct_size", c_uint32),
+        ("name", c_char_p),
+        ("user_data", c_void_p),
+    ] + [(m, c_void_p) for m in _BACKEND_METHODS]
 
 
 #: Field names of gpumem_stats reported by :meth:`gpumem.Context.stats`.
@@ -326,6 +352,7 @@ _proto("gpumem_reset_peak_stats", _status, [_ctx, c_int])
 _proto("gpumem_torch_alloc", c_void_p, [c_size_t, c_int, c_void_p])
 _proto("gpumem_torch_free", None, [c_void_p, c_size_t, c_int, c_void_p])
 _proto("gpumem_global_context", _status, [POINTER(c_void_p)])
+_proto("gpumem_builtin_backend", POINTER(Backend), [c_char_p], required=False)
 
 # gpumem/sim.h (always built, but tolerate a library without it)
 _proto("gpumem_sim_fail_nth", _status, [c_int, c_uint64, c_int, c_int], required=False)
@@ -337,6 +364,19 @@ _proto("gpumem_sim_complete_all", None, [], required=False)
 _proto("gpumem_sim_used_bytes", _status, [c_int, POINTER(c_uint64)], required=False)
 _proto("gpumem_sim_set_external_usage", _status, [c_int, c_uint64], required=False)
 _proto("gpumem_sim_reinit", _status, [], required=False)
+
+
+def builtin_backend(name: str) -> Optional[Backend]:
+    """A copy of the built-in backend vtable ``name`` ("sim", "cuda", "hip"), or None if not built."""
+    fn = getattr(lib, "gpumem_builtin_backend", None)
+    if fn is None:
+        return None
+    p = fn(name.encode("utf-8"))
+    if not p:
+        return None
+    copy = Backend()
+    ctypes.memmove(ctypes.byref(copy), p, ctypes.sizeof(Backend))
+    return copy
 
 
 def status_name(status: int) -> str:

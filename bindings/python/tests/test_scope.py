@@ -1,0 +1,92 @@
+"""Scope: a region whose allocations are all freed at its end."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import gpumem
+from conftest import MiB
+
+
+def test_scope_frees_everything(ctx):
+    with ctx.scope(device=0) as sc:
+        assert sc.active
+        ptrs = [sc.alloc(n) for n in (1, 1024, MiB)]
+        assert all(p and p % 256 == 0 for p in ptrs)
+        assert len(set(ptrs)) == 3
+        st = ctx.stats()
+        assert st["num_live"] == 3 and st["requested_bytes"] == 1 + 1024 + MiB
+    assert not sc.active
+    st = ctx.stats()
+    assert st["num_live"] == 0 and st["num_frees"] == 3
+
+
+def test_scope_zero_and_end_twice(ctx):
+    sc = ctx.scope()
+    assert sc.alloc(0) == 0
+    sc.alloc(64)
+    sc.end()
+    sc.end()  # harmless
+    with pytest.raises(gpumem.InvalidArgumentError, match="ended"):
+        sc.alloc(16)
+    assert ctx.stats()["num_live"] == 0
+
+
+def test_scope_frees_on_exception(ctx):
+    with pytest.raises(RuntimeError):
+        with ctx.scope() as sc:
+            sc.alloc(4096)
+            raise RuntimeError
+    assert ctx.stats()["num_live"] == 0
+
+
+def test_scope_and_buffers_are_independent(ctx):
+    keep = ctx.alloc(512)
+    with ctx.scope() as sc:
+        sc.alloc(512)
+    assert keep.alive and ctx.stats()["num_live"] == 1
+    keep.free()
+
+
+def test_forgotten_scope_is_ended_by_gc(ctx):
+    sc = ctx.scope()
+    sc.alloc(4096)
+    sc.alloc(4096)
+    del sc
+    gc.collect()
+    st = ctx.stats()
+    assert st["num_live"] == 0 and st["num_frees"] == 2
+
+
+def test_close_ends_open_scopes():
+    c = gpumem.Context(backend="sim")
+    sc = c.scope()
+    sc.alloc(4096)
+    with pytest.warns(ResourceWarning, match="1 open scope"):
+        c.close()
+    assert not sc.active
+    sc.end()  # harmless after close
+
+
+def test_scope_tag_and_stream(sim_ctx):
+    with sim_ctx.scope(stream=0x1234) as sc:
+        sc.set_tag("step-1")
+        assert sc.stream == 0x1234
+        p = sc.alloc(100)
+        assert sim_ctx.ptr_info(p) == (100, 0)
+        sc.set_tag(None)
+
+
+def test_scope_invalid_device(ctx):
+    with pytest.raises(gpumem.InvalidDeviceError):
+        ctx.scope(device=ctx.device_count)
+
+
+def test_scope_respects_limit():
+    with gpumem.Context(backend="sim", limit_bytes=MiB) as c:
+        with c.scope() as sc:
+            with pytest.raises(gpumem.LimitExceededError):
+                sc.alloc(2 * MiB)
+            sc.alloc(1024)

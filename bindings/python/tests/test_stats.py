@@ -1,0 +1,106 @@
+"""Statistics, trimming, peaks and reset."""
+
+from __future__ import annotations
+
+import pytest
+
+import gpumem
+from conftest import MiB, run_python, sim_env
+
+FIELDS = [
+    "allocated_bytes", "allocated_peak", "reserved_bytes", "reserved_peak", "cached_bytes",
+    "num_allocs", "num_frees", "num_live", "num_segments", "num_backend_allocs", "num_backend_frees",
+    "num_trims", "trimmed_bytes", "num_oom_retries", "num_ooms", "requested_bytes", "num_limit_exceeded",
+]
+
+
+def test_stats_keys_match_header(ctx):
+    st = ctx.stats()
+    assert list(st) == FIELDS
+    assert all(isinstance(v, int) and v == 0 for v in st.values())
+    assert ctx.stats(0) == st
+
+
+def test_stats_track_allocations(ctx):
+    sizes = [1000, 4096, 3 * MiB]
+    bufs = [ctx.alloc(s) for s in sizes]
+    st = ctx.stats(0)
+    assert st["num_allocs"] == 3 and st["num_live"] == 3 and st["num_frees"] == 0
+    assert st["requested_bytes"] == sum(sizes)
+    assert st["allocated_bytes"] >= sum(sizes)
+    assert st["reserved_bytes"] >= st["allocated_bytes"]
+    assert st["cached_bytes"] == st["reserved_bytes"] - st["allocated_bytes"]
+    assert st["allocated_peak"] == st["allocated_bytes"]
+    assert st["reserved_peak"] >= st["reserved_bytes"]
+    assert st["num_segments"] >= 1 and st["num_backend_allocs"] >= st["num_segments"]
+    peak = st["allocated_peak"]
+    for b in bufs:
+        b.free()
+    st = ctx.stats(0)
+    assert st["num_frees"] == 3 and st["num_live"] == 0
+    assert st["allocated_bytes"] == 0 and st["requested_bytes"] == 0
+    assert st["allocated_peak"] == peak
+    ctx.reset_peak_stats()
+    assert ctx.stats()["allocated_peak"] == 0
+
+
+def test_trim_gives_cached_memory_back(ctx):
+    bufs = [ctx.alloc(2 * MiB) for _ in range(4)]
+    for b in bufs:
+        b.free()
+    before = ctx.stats()
+    assert before["cached_bytes"] > 0
+    released = ctx.trim()
+    assert released == before["cached_bytes"]
+    st = ctx.stats()
+    assert st["cached_bytes"] == 0 and st["reserved_bytes"] == 0
+    assert st["num_trims"] == before["num_trims"] + 1
+    assert st["trimmed_bytes"] == before["trimmed_bytes"] + released
+    assert ctx.trim() == 0
+
+
+def test_trim_keeps_live_and_keep_bytes(ctx):
+    live = ctx.alloc(MiB)
+    for b in [ctx.alloc(4 * MiB) for _ in range(4)]:
+        b.free()
+    cached = ctx.stats()["cached_bytes"]
+    released = ctx.trim(device=0, keep_bytes=cached)
+    assert released == 0
+    ctx.trim(device=0, keep_bytes=0)
+    st = ctx.stats()
+    assert st["num_live"] == 1 and st["allocated_bytes"] >= MiB
+    assert st["cached_bytes"] < cached
+    live.free()
+
+
+def test_trim_shows_in_sim_used_bytes(sim_ctx):
+    bufs = [sim_ctx.alloc(8 * MiB) for _ in range(2)]
+    for b in bufs:
+        b.free()
+    used = gpumem.sim.used_bytes(0)
+    released = sim_ctx.trim()
+    assert released > 0
+    assert gpumem.sim.used_bytes(0) == used - released
+
+
+def test_stats_sum_over_devices_subprocess():
+    r = run_python(
+        """
+        import gpumem
+        with gpumem.Context(backend="sim") as c:
+            a = c.alloc(1 << 20, device=0)
+            b = c.alloc(3 << 20, device=1)
+            s0, s1, sa = c.stats(0), c.stats(1), c.stats(gpumem.ALL_DEVICES)
+            add = ["allocated_bytes", "reserved_bytes", "cached_bytes", "num_allocs", "num_live",
+                   "requested_bytes", "num_segments"]
+            print(all(sa[k] == s0[k] + s1[k] for k in add), s0["requested_bytes"], s1["requested_bytes"])
+            released = c.trim(device=1)
+            print(c.stats(0)["num_live"], c.stats(1)["num_live"])
+            c.reset(1)
+            print(a.alive, b.alive, c.stats(0)["num_live"], c.stats(1)["reserved_bytes"])
+            a.free()
+        """,
+        env=sim_env(GPUMEM_SIM_DEVICES="2x1GiB"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["True 1048576 3145728", "1 1", "True False 1 0"]
