@@ -94,7 +94,7 @@ typedef struct cell {
 } cell;
 
 typedef struct row {
-  char pattern[48];
+  char pattern[300];
   const char *unit;
   size_t iterations;
   cell cells[MAX_ALLOCATORS];

@@ -22,7 +22,7 @@
 typedef struct holder {
   long pid;
   char comm[64];
-  char dev[64];
+  char dev[256];
 } holder;
 
 static int is_gpu_device_file(const char *t) {

@@ -35,7 +35,7 @@ typedef struct options {
 
 typedef struct result {
   int ok;
-  char error[256];
+  char error[600];
   double ns_per_event;     /* median */
   double *ns_runs;
   uint64_t reserved_peak;
