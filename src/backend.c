@@ -80,7 +80,8 @@ static int events_partial(const gpumem_backend *be) {
 static gpumem_status validate_custom(const gpumem__logger *lg, const gpumem_backend *be) {
   const char *why = NULL;
   if (be->version < 1) why = "version < 1";
-  else if (be->struct_size != 0 && be->struct_size < GPUMEM__BACKEND_MIN_SIZE) why = "struct_size too small";
+  else if (be->struct_size < GPUMEM__BACKEND_MIN_SIZE) why = "struct_size too small (set it to sizeof(gpumem_backend))";
+  else if (be->name == NULL || be->name[0] == '\0') why = "name is NULL or empty";
   else if (be->device_count == NULL || be->device_info == NULL || be->mem_get_info == NULL || be->malloc == NULL ||
            be->free == NULL || be->device_synchronize == NULL)
     why = "a required method (device_count, device_info, mem_get_info, malloc, free, device_synchronize) is NULL";
@@ -94,7 +95,7 @@ static gpumem_status validate_custom(const gpumem__logger *lg, const gpumem_back
 }
 
 /* Copy src into ctx->be, init it, and check it has a device. */
-static gpumem_status try_open(gpumem_context *ctx, const gpumem_backend *src, int explicit_choice) {
+static gpumem_status try_open(gpumem_context *ctx, const gpumem_backend *src, int explicit_choice, int custom) {
   size_t n = sizeof(gpumem_backend);
   if (src->struct_size != 0 && src->struct_size < n) n = src->struct_size;
   memset(&ctx->be, 0, sizeof ctx->be);
@@ -119,7 +120,8 @@ static gpumem_status try_open(gpumem_context *ctx, const gpumem_backend *src, in
       }
       gpumem__log(&ctx->opt.log, explicit_choice ? GPUMEM_LOG_WARN : GPUMEM_LOG_DEBUG,
                   "backend %s: not usable: %s (code %d)", ctx->be_name, msg, code);
-      return GPUMEM_ERR_NO_BACKEND;
+      /* a custom backend's own mapping is kept; a built-in one is simply not usable */
+      return custom ? st : GPUMEM_ERR_NO_BACKEND;
     }
   }
   int count = 0;
@@ -143,15 +145,15 @@ gpumem_status gpumem__backend_open(gpumem_context *ctx) {
   if (ctx->opt.custom_backend != NULL) {
     gpumem_status st = validate_custom(&ctx->opt.log, ctx->opt.custom_backend);
     if (st != GPUMEM_OK) return st;
-    return try_open(ctx, ctx->opt.custom_backend, 1);
+    return try_open(ctx, ctx->opt.custom_backend, 1, 1);
   }
   const char *want = ctx->opt.backend;
-  if (strcmp(want, "auto") == 0 || want[0] == '\0') {
+  if (strcmp(want, "auto") == 0) {
     static const char *const order[] = {"cuda", "hip", "sim"};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
       const gpumem_backend *be = gpumem_builtin_backend(order[i]);
       if (be == NULL) continue;
-      gpumem_status st = try_open(ctx, be, 0);
+      gpumem_status st = try_open(ctx, be, 0, 0);
       if (st == GPUMEM_OK || st == GPUMEM_ERR_INVALID_ARGUMENT) return st;
     }
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "no usable backend (tried cuda, hip, sim)");
@@ -162,7 +164,7 @@ gpumem_status gpumem__backend_open(gpumem_context *ctx) {
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "backend \"%s\" is unknown or not built into this library", want);
     return GPUMEM_ERR_NO_BACKEND;
   }
-  return try_open(ctx, be, 1);
+  return try_open(ctx, be, 1, 0);
 }
 
 void gpumem__backend_close(gpumem_context *ctx) {

@@ -228,16 +228,33 @@ void gpumem_config_init(gpumem_config *cfg) {
   }
 }
 
-/* Smallest struct_size accepted: every v1 field the core reads. */
-#define GPUMEM__CONFIG_MIN_SIZE (offsetof(gpumem_config, log_level) + sizeof(gpumem_log_level))
+/* Smallest struct_size accepted: struct_size and flags. An older caller's
+ * struct is a prefix: members that lie wholly within struct_size are read,
+ * the rest keep their defaults. */
+#define GPUMEM__CONFIG_MIN_SIZE (offsetof(gpumem_config, flags) + sizeof(uint32_t))
 
 gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__options *opt) {
   gpumem_config cfg;
   gpumem_config_init(&cfg);
   if (cfg_in != NULL) {
-    if (cfg_in->struct_size < GPUMEM__CONFIG_MIN_SIZE || cfg_in->struct_size > sizeof(gpumem_config))
-      return GPUMEM_ERR_INVALID_ARGUMENT;
-    memcpy(&cfg, cfg_in, cfg_in->struct_size);
+    size_t n = cfg_in->struct_size;
+    if (n < GPUMEM__CONFIG_MIN_SIZE || n > sizeof(gpumem_config)) return GPUMEM_ERR_INVALID_ARGUMENT;
+#define GPUMEM__TAKE(m) \
+  if (offsetof(gpumem_config, m) + sizeof cfg.m <= n) memcpy(&cfg.m, &cfg_in->m, sizeof cfg.m)
+    GPUMEM__TAKE(flags);
+    GPUMEM__TAKE(backend);
+    GPUMEM__TAKE(custom_backend);
+    GPUMEM__TAKE(release_threshold);
+    GPUMEM__TAKE(trim_free_fraction);
+    GPUMEM__TAKE(limit_bytes);
+    GPUMEM__TAKE(limit_fraction);
+    GPUMEM__TAKE(initial_bytes);
+    GPUMEM__TAKE(oom_callback);
+    GPUMEM__TAKE(oom_user);
+    GPUMEM__TAKE(log_callback);
+    GPUMEM__TAKE(log_user);
+    GPUMEM__TAKE(log_level);
+#undef GPUMEM__TAKE
   }
 
   gpumem__options o;
