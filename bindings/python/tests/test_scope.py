@@ -85,8 +85,8 @@ def test_scope_invalid_device(ctx):
 
 
 def test_scope_respects_limit():
-    with gpumem.Context(backend="sim", limit_bytes=MiB) as c:
+    with gpumem.Context(backend="sim", limit_bytes=8 * MiB) as c:
         with c.scope() as sc:
             with pytest.raises(gpumem.LimitExceededError):
-                sc.alloc(2 * MiB)
+                sc.alloc(16 * MiB)
             sc.alloc(1024)
