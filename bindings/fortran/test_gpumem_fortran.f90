@@ -110,7 +110,9 @@ program test_gpumem_fortran
   call expect(gpumem_get_stats_f(ctx, 1, s1), GPUMEM_OK, "stats 1 after reset")
   call check(s1%num_live == 0 .and. s1%reserved_bytes == 0, "device 1 empty after reset")
   call expect(gpumem_free(ctx, q, c_null_ptr), GPUMEM_ERR_INVALID_POINTER, "free after reset")
-  call expect(gpumem_reset(ctx, 0, GPUMEM_RESET_DEVICE), GPUMEM_ERR_NOT_SUPPORTED, "sim has no device reset")
+  call expect(gpumem_reset(ctx, 0, GPUMEM_RESET_DEVICE), GPUMEM_OK, "reset with device reset (simulated)")
+  call expect(gpumem_get_stats_f(ctx, GPUMEM_ALL_DEVICES, stats), GPUMEM_OK, "stats after device reset")
+  call check(stats%num_live == 0 .and. stats%reserved_bytes == 0, "nothing left after resets")
   call expect(gpumem_reset_peak_stats(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK, "reset peaks")
 
   call expect(gpumem_destroy(ctx, 0), GPUMEM_OK, "destroy")
@@ -124,7 +126,13 @@ program test_gpumem_fortran
   call expect(gpumem_alloc(ctx2, 0, 128_c_size_t * 1024 * 1024, c_null_ptr, p), GPUMEM_ERR_LIMIT_EXCEEDED, "limit")
   call expect(gpumem_alloc(ctx2, 0, 1024_c_size_t, c_null_ptr, p), GPUMEM_OK, "alloc under limit")
   call expect(gpumem_destroy(ctx2, GPUMEM_DESTROY_FORCE), GPUMEM_OK, "destroy force")
-  call expect(gpumem_create_f(ctx2, backend="no-such-backend"), GPUMEM_ERR_NO_BACKEND, "unknown backend")
+  call gpumem_config_init(cfg)
+  cfg%flags = GPUMEM_CONFIG_NO_ENV   ! else GPUMEM_BACKEND=sim from the environment wins
+  call expect(gpumem_create_f(ctx2, cfg, backend="no-such-backend"), GPUMEM_ERR_NO_BACKEND, "unknown backend")
+  ! without a config: defaults plus the environment (GPUMEM_BACKEND=sim)
+  call expect(gpumem_create_f(ctx2), GPUMEM_OK, "create_f with defaults")
+  call check(gpumem_backend_name_f(ctx2) == "sim", "environment picks sim")
+  call expect(gpumem_destroy(ctx2, 0), GPUMEM_OK, "destroy defaults")
 
   print '(a,i0,a)', "all ", checks, " Fortran binding checks passed"
 
