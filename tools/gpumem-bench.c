@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "gpumem.h"
@@ -198,7 +199,7 @@ typedef struct thread_arg {
   const bench_allocator *a;
   gpumem_stream stream;
   size_t pairs;
-  pthread_barrier_t *start;
+  pthread_barrier_t *ready, *go;
   int failed;
 } thread_arg;
 
@@ -208,7 +209,8 @@ static void *thread_main(void *p) {
   void *ptr;
   if (a->thread_init) a->thread_init(a->self);
   if (a->alloc(a->self, 64 * KiB, t->stream, &ptr) || a->free(a->self, ptr, 64 * KiB, t->stream)) t->failed = 1;
-  pthread_barrier_wait(t->start);
+  pthread_barrier_wait(t->ready);
+  pthread_barrier_wait(t->go);
   for (size_t i = 0; i < t->pairs && !t->failed; i++) {
     if (a->alloc(a->self, 64 * KiB, t->stream, &ptr) || a->free(a->self, ptr, 64 * KiB, t->stream)) t->failed = 1;
   }
@@ -217,28 +219,34 @@ static void *thread_main(void *p) {
 
 static gpumem_stream g_thread_streams[MAX_THREADS];
 
+/* The clock starts before any thread can begin its timed pairs (they are held
+ * at `go` until the main thread has read it) and stops after the last one
+ * joined: wake-up latency counts against the allocator, never in its favour. */
 static double run_threads(const bench_allocator *a, int nthreads, size_t pairs_per_thread) {
   pthread_t th[MAX_THREADS];
   thread_arg args[MAX_THREADS];
-  pthread_barrier_t start;
-  pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
+  pthread_barrier_t ready, go;
+  pthread_barrier_init(&ready, NULL, (unsigned)nthreads + 1);
+  pthread_barrier_init(&go, NULL, (unsigned)nthreads + 1);
   int created = 0;
   for (int i = 0; i < nthreads; i++) {
-    args[i] = (thread_arg){a, g_thread_streams[i], pairs_per_thread, &start, 0};
+    args[i] = (thread_arg){a, g_thread_streams[i], pairs_per_thread, &ready, &go, 0};
     if (pthread_create(&th[i], NULL, thread_main, &args[i]) != 0) break;
     created++;
   }
-  if (created != nthreads) {
-    /* cannot happen in practice; let the created ones finish */
-    for (int i = created; i < nthreads; i++) args[i].failed = 1;
-    for (int i = created; i < nthreads; i++) pthread_barrier_wait(&start);
+  for (int i = created; i < nthreads; i++) { /* stand in for threads that could not be created */
+    args[i].failed = 1;
+    pthread_barrier_wait(&ready);
   }
-  pthread_barrier_wait(&start);
+  pthread_barrier_wait(&ready);
   uint64_t t0 = tools_now_ns();
+  for (int i = created; i < nthreads; i++) pthread_barrier_wait(&go);
+  pthread_barrier_wait(&go);
   for (int i = 0; i < created; i++) pthread_join(th[i], NULL);
   if (a->sync) a->sync(a->self);
   uint64_t t1 = tools_now_ns();
-  pthread_barrier_destroy(&start);
+  pthread_barrier_destroy(&ready);
+  pthread_barrier_destroy(&go);
   for (int i = 0; i < nthreads; i++)
     if (args[i].failed) return -1;
   return (double)(t1 - t0) / (double)((size_t)nthreads * pairs_per_thread);
@@ -474,6 +482,7 @@ int main(int argc, char **argv) {
 
   row rows[16];
   memset(rows, 0, sizeof rows);
+  int progress = !o.json && isatty(fileno(stderr));
   for (int i = 0; i < np; i++) {
     row *r = &rows[i];
     char sb[32];
@@ -498,7 +507,7 @@ int main(int argc, char **argv) {
     }
     }
     r->iterations = pats[i].iters;
-    if (!o.json) {
+    if (progress) {
       fprintf(stderr, "  %s ...\r", r->pattern);
       fflush(stderr);
     }
@@ -540,7 +549,7 @@ int main(int argc, char **argv) {
     fprintf(jf, "\n  ]\n}\n");
   }
   if (!o.json) {
-    fprintf(stderr, "%40s\r", "");
+    if (progress) fprintf(stderr, "%40s\r", "");
     printf("gpumem-bench: backend %s, device %d; median of %d runs%s\n", label, g_device, o.repeat,
            o.quick ? " (--quick: 1/10 of the iterations)" : "");
     if (all_null) printf("note: streams are NULL for this backend in the tools\n");
