@@ -8,7 +8,8 @@
 # if an earlier one failed; $OUT/summary.txt lists the exit codes):
 #  1. check: the library loads and its "cuda" backend sees the device;
 #  2. pytest-sim:  the pytest suite as in CI (sim), plus the PyTorch/CuPy tests for real;
-#  3. pytest-cuda: the same suite with GPUMEM_BACKEND=cuda (sim-only tests skip themselves);
+#  3. pytest-cuda: the suite with GPUMEM_BACKEND=cuda (sim-only tests skip themselves; the
+#     PyTorch/CuPy tests, which always use cuda, ran in step 2 already);
 #  4. train-*: ResNet-18, 30 steps, batch 64, fixed seed, deterministic settings:
 #     PyTorch's allocator (twice: the second run is the determinism control) and
 #     gpumem.torch.enable(), each in its own process; compare: losses must match to 1e-6;
@@ -85,7 +86,8 @@ fi
 
 step pytest-sim 900 python3 -m pytest -v -rs -p no:cacheprovider bindings/python/tests
 tail -3 "$OUT/pytest-sim.log" | tee -a "$summary"
-GPUMEM_BACKEND=cuda step pytest-cuda 900 python3 -m pytest -v -rs -p no:cacheprovider bindings/python/tests
+GPUMEM_BACKEND=cuda step pytest-cuda 900 python3 -m pytest -v -rs -p no:cacheprovider bindings/python/tests \
+  --ignore=bindings/python/tests/test_torch_cupy.py   # those ran in pytest-sim, on cuda already
 tail -3 "$OUT/pytest-cuda.log" | tee -a "$summary"
 
 T=examples/python/train_resnet.py

@@ -21,6 +21,11 @@ def main() -> int:
 
     gpumem.cupy.enable()
     ctx = gpumem.cupy.context()
+    w = cp.ones((64, 64))
+    float((w @ w).sum())  # warm up handles and workspaces
+    del w
+    cp.cuda.Device().synchronize()
+    base_live = ctx.stats(0)["num_live"]
     rng = np.random.default_rng(42)
     failures = []
 
@@ -75,7 +80,9 @@ def main() -> int:
     cp.cuda.Device().synchronize()
     live = ctx.stats(0)["num_live"]
     released = ctx.trim()
-    print("after del: live %d; trim released %.1f MiB" % (live, released / 2**20))
+    print("after del: live %d (baseline %d); trim released %.1f MiB" % (live, base_live, released / 2**20))
+    if live != base_live:
+        failures.append("%d blocks still live after del" % (live - base_live))
     print("RESULT", "FAIL " + ", ".join(failures) if failures else "PASS")
     return 1 if failures else 0
 

@@ -58,7 +58,6 @@ def main() -> int:
         free0 - free1 >= n * (args.chunk_mib << 20)  # the tensors really took device memory
         and free0 - free2 >= n * (args.chunk_mib << 20) * 0.9  # and it stayed cached after del
         and free3 >= free0 - (args.slack_mib << 20)  # trim gave it back
-        and st_trim["reserved_bytes"] == 0
     )
     print("RESULT", "PASS" if ok else "FAIL")
     if args.out:

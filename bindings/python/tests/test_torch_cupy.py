@@ -75,18 +75,23 @@ def test_torch_enable_routes_allocations():
         gpumem.torch.enable(device=0)
         ctx = gpumem.torch.context()
         assert ctx.backend == "cuda", ctx.backend
+        w = torch.randn(64, 64, device="cuda"); (w @ w).sum().item()  # warm up: cuBLAS workspace stays live
+        del w
+        torch.cuda.synchronize()
+        base = ctx.stats(0)["num_live"]
         x = torch.randn(1024, 1024, device="cuda")
         y = x @ x
         torch.cuda.synchronize()
         st = ctx.stats(0)
-        assert st["num_live"] >= 2 and st["allocated_bytes"] >= 2 * 4 * 1024 * 1024, st
+        assert st["num_live"] >= base + 2 and st["allocated_bytes"] >= 2 * 4 * 1024 * 1024, st
         ref = (x.cpu().double() @ x.cpu().double()).float()
         assert torch.allclose(y.cpu(), ref, rtol=1e-3, atol=1e-2)
-        del x, y
+        del x, y, ref
         torch.cuda.synchronize()
-        assert ctx.stats(0)["num_live"] == 0, ctx.stats(0)
+        assert ctx.stats(0)["num_live"] == base, (base, ctx.stats(0))
+        cached = ctx.stats(0)["cached_bytes"]
         released = ctx.trim()
-        assert released > 0 and ctx.stats(0)["reserved_bytes"] == 0
+        assert cached > 0 and released > 0, (cached, released)
         ctx.close()  # does nothing for the process-wide context
         z = torch.ones(10, device="cuda")
         assert float(z.sum()) == 10.0
@@ -153,6 +158,9 @@ def test_cupy_enable_routes_allocations():
         import numpy as np, cupy as cp, gpumem, gpumem.cupy
         gpumem.cupy.enable()
         ctx = gpumem.cupy.context()
+        w = cp.ones((64, 64)); float((w @ w).sum()); del w  # warm up handles and workspaces
+        cp.cuda.Device().synchronize()
+        base = ctx.stats()["num_live"]
         rng = np.random.default_rng(0)
         a = rng.standard_normal((512, 256)); b = rng.standard_normal((256, 128))
         da, db = cp.asarray(a), cp.asarray(b)
@@ -160,7 +168,7 @@ def test_cupy_enable_routes_allocations():
         assert np.allclose(cp.asnumpy(dc), a @ b, rtol=1e-10, atol=1e-10)
         assert np.isclose(float(da.sum()), a.sum()) and np.isclose(float(da.max()), a.max())
         st = ctx.stats()
-        assert st["num_live"] >= 3, st
+        assert st["num_live"] >= base + 3, (base, st)
         s = cp.cuda.Stream(non_blocking=True)
         with s:
             e = cp.arange(1000, dtype=cp.float32) * 2
@@ -169,7 +177,7 @@ def test_cupy_enable_routes_allocations():
         assert total == 999000.0
         del da, db, dc, e
         cp.cuda.Device().synchronize()
-        assert ctx.stats()["num_live"] == 0, ctx.stats()
+        assert ctx.stats()["num_live"] == base, (base, ctx.stats())
         assert ctx.trim() > 0
         n = ctx.stats()["num_allocs"]
         gpumem.cupy.disable()
