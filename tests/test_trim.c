@@ -74,7 +74,31 @@ static void test_trim_all(void **state) {
   tu_ctx_done(ctx);
 }
 
-static void test_trim_keep_bytes_and_live_blocks(void **state) {
+static void test_trim_keep_bytes(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  fill_and_free(ctx, 0, 10, 4 * TU_MiB);
+  fill_and_free(ctx, 0, 3, 21 * TU_MiB);
+  fill_and_free(ctx, 0, 40, 100 * TU_KiB);
+  gpumem_stats b = tu_stats(ctx, 0);
+  const uint64_t keep = 16 * TU_MiB;
+  assert_true(b.cached_bytes > keep);
+  uint64_t released = 0;
+  assert_status(gpumem_trim(ctx, 0, keep, &released), GPUMEM_OK);
+  gpumem_stats a = tu_stats(ctx, 0);
+  tu_assert_stats_sane(&a);
+  /* nothing is live, so every cached byte can go: at most keep_bytes stay */
+  assert_true(a.cached_bytes <= keep);
+  assert_true(released == b.reserved_bytes - a.reserved_bytes);
+  assert_true(released > 0);
+  if (tu_is_sim()) assert_true(tu_sim_used(0) >= a.reserved_bytes);
+  /* keep more than cached: nothing happens */
+  assert_status(gpumem_trim(ctx, 0, UINT64_MAX, &released), GPUMEM_OK);
+  assert_true(released == 0);
+  tu_ctx_done(ctx);
+}
+
+static void test_trim_with_live_blocks(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
   void *live = NULL;
@@ -84,28 +108,25 @@ static void test_trim_keep_bytes_and_live_blocks(void **state) {
   fill_and_free(ctx, 0, 10, 4 * TU_MiB);
   fill_and_free(ctx, 0, 3, 21 * TU_MiB);
   gpumem_stats b = tu_stats(ctx, 0);
-  const uint64_t keep = 16 * TU_MiB;
-  assert_true(b.cached_bytes > keep);
   uint64_t released = 0;
-  assert_status(gpumem_trim(ctx, 0, keep, &released), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, 0, 0, &released), GPUMEM_OK);
   gpumem_stats a = tu_stats(ctx, 0);
   tu_assert_stats_sane(&a);
-  assert_true(a.cached_bytes <= keep);
-  assert_true(released == b.reserved_bytes - a.reserved_bytes);
+  /* the blocks that were never next to the live one can go; the live block stays */
   assert_true(released > 0);
-  /* the live block is untouched */
+  assert_true(released == b.reserved_bytes - a.reserved_bytes);
+  assert_true(a.cached_bytes < b.cached_bytes);
   assert_true(a.allocated_bytes == b.allocated_bytes && a.num_live == 1);
-  assert_true(tu_stamp_ok(live, ln, 3));
-  if (tu_is_sim()) assert_true(tu_sim_used(0) >= a.reserved_bytes);
-  /* keep more than cached: nothing happens */
-  assert_status(gpumem_trim(ctx, 0, UINT64_MAX, &released), GPUMEM_OK);
-  assert_true(released == 0);
-  /* keep 0 with a live block: the live block's memory stays */
-  assert_status(gpumem_trim(ctx, 0, 0, &released), GPUMEM_OK);
-  a = tu_stats(ctx, 0);
   assert_true(a.reserved_bytes >= ln);
   assert_true(tu_stamp_ok(live, ln, 3));
+  size_t sz = 0;
+  assert_status(gpumem_ptr_info(ctx, live, &sz, NULL), GPUMEM_OK);
+  assert_int_equal(sz, ln);
   assert_status(gpumem_free(ctx, live, NULL), GPUMEM_OK);
+  /* now everything can go */
+  assert_status(gpumem_trim(ctx, 0, 0, &released), GPUMEM_OK);
+  a = tu_stats(ctx, 0);
+  assert_true(a.reserved_bytes == 0);
   tu_ctx_done(ctx);
 }
 
@@ -123,7 +144,9 @@ static void test_release_threshold(void **state) {
     assert_status(gpumem_free(ctx, p[i], NULL), GPUMEM_OK);
     gpumem_stats st = tu_stats(ctx, 0);
     tu_assert_stats_sane(&st);
-    if (st.cached_bytes > thr) {
+    /* Memory in a segment that still holds a live block may not be returnable
+     * (plain segments); once nothing is live every cached byte is. */
+    if (i == N - 1 && st.cached_bytes > thr) {
       print_error("after free %d: cached %llu > release_threshold %llu\n", i, (unsigned long long)st.cached_bytes,
                   (unsigned long long)thr);
       fail();
@@ -189,7 +212,7 @@ static void test_trim_invalid(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      TU_TEST(test_trim_one_device),    TU_TEST(test_trim_all),           TU_TEST(test_trim_keep_bytes_and_live_blocks),
+      TU_TEST(test_trim_one_device),    TU_TEST(test_trim_all),           TU_TEST(test_trim_keep_bytes), TU_TEST(test_trim_with_live_blocks),
       TU_TEST(test_release_threshold), TU_TEST(test_trim_free_fraction), TU_TEST(test_trim_invalid),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

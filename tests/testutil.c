@@ -40,6 +40,10 @@ int tu_status_known(gpumem_status s) { return (int)s >= 0 && (int)s < (int)GPUME
 /* ---------------------------------------------------------------------- */
 /* Contexts                                                                */
 
+static void tu_env_restore_to(int depth);
+static int tu_env_base; /* changes below this depth were made by tu_setup */
+static int tu_nenv;
+
 #define TU_MAX_CTX 64
 static gpumem_context *tu_ctxs[TU_MAX_CTX];
 static int tu_nctx;
@@ -141,7 +145,10 @@ void tu_ctx_done(gpumem_context *ctx) {
 
 int tu_setup(void **state) {
   (void)state;
+  tu_env_restore_to(0);
+  tu_env_base = 0;
   tu_env_clean();
+  tu_env_base = tu_nenv;
   return 0;
 }
 
@@ -156,7 +163,8 @@ int tu_teardown(void **state) {
     gpumem_context *c = tu_ctxs[--tu_nctx];
     gpumem_destroy(c, GPUMEM_DESTROY_FORCE);
   }
-  tu_env_restore();
+  tu_env_restore_to(0);
+  tu_env_base = 0;
   return 0;
 }
 
@@ -400,7 +408,6 @@ static struct {
   char *name;
   char *old; /* NULL = was unset */
 } tu_env[TU_MAX_ENV];
-static int tu_nenv;
 
 void tu_setenv(const char *name, const char *value) {
   assert_true(tu_nenv < TU_MAX_ENV);
@@ -414,8 +421,8 @@ void tu_setenv(const char *name, const char *value) {
     assert_int_equal(unsetenv(name), 0);
 }
 
-void tu_env_restore(void) {
-  while (tu_nenv > 0) {
+static void tu_env_restore_to(int depth) {
+  while (tu_nenv > depth) {
     tu_nenv--;
     if (tu_env[tu_nenv].old)
       setenv(tu_env[tu_nenv].name, tu_env[tu_nenv].old, 1);
@@ -425,6 +432,8 @@ void tu_env_restore(void) {
     free(tu_env[tu_nenv].old);
   }
 }
+
+void tu_env_restore(void) { tu_env_restore_to(tu_env_base); }
 
 extern char **environ;
 

@@ -171,7 +171,10 @@ void tu_log_dump(tu_log *log);
 
 /** setenv (value NULL = unsetenv), remembering the previous value for tu_env_restore(). */
 void tu_setenv(const char *name, const char *value);
-/** Restore every variable changed by tu_setenv() since the last restore, newest first. */
+/**
+ * Restore every variable changed by tu_setenv() since the last restore,
+ * newest first, except the cleaning tu_setup() did (undone by tu_teardown()).
+ */
 void tu_env_restore(void);
 /**
  * Unset every GPUMEM_* variable (except GPUMEM_TEST_BACKEND), and on sim also
