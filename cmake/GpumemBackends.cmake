@@ -29,3 +29,12 @@ if(NOT GPUMEM_WITH_HIP STREQUAL "OFF")
     message(STATUS "gpumem: HIP backend OFF (HIP not found)")
   endif()
 endif()
+
+# FindCUDAToolkit creates Threads::Threads in this (top-level) directory; make
+# it global here, where it was created, so that src/, tests/ and tools/ can
+# all use it (IMPORTED_GLOBAL may only be set in the creating directory).
+find_package(Threads REQUIRED)
+get_target_property(_gpumem_thr_global Threads::Threads IMPORTED_GLOBAL)
+if(NOT _gpumem_thr_global)
+  set_target_properties(Threads::Threads PROPERTIES IMPORTED_GLOBAL TRUE)
+endif()
