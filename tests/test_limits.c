@@ -1,0 +1,111 @@
+/* Limits: limit_bytes, limit_fraction, LIMIT_EXCEEDED without growing, initial_bytes. */
+#include "testutil.h"
+
+static void test_limit_bytes(void **state) {
+  (void)state;
+  gpumem_config cfg;
+  tu_config(&cfg);
+  const uint64_t lim = 32 * TU_MiB;
+  cfg.limit_bytes = lim;
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *a = NULL, *p = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, NULL, &a), GPUMEM_OK);
+  gpumem_stats before = tu_stats(ctx, 0);
+  uint64_t used = tu_is_sim() ? tu_sim_used(0) : 0;
+  assert_status(gpumem_alloc(ctx, 0, 33 * TU_MiB, NULL, &p), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(p, (void *)0x1);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_true(after.reserved_bytes == before.reserved_bytes);
+  assert_true(after.num_backend_allocs == before.num_backend_allocs);
+  assert_true(after.num_limit_exceeded == before.num_limit_exceeded + 1);
+  assert_true(after.num_allocs == before.num_allocs && after.num_ooms == before.num_ooms);
+  if (tu_is_sim()) assert_true(tu_sim_used(0) == used);
+  /* small blocks until the limit says no: reserved never passes it */
+  void *blk[256];
+  int n = 0;
+  gpumem_status s = GPUMEM_OK;
+  while (n < 256) {
+    s = gpumem_alloc(ctx, 0, 512 * TU_KiB, NULL, &blk[n]);
+    gpumem_stats st = tu_stats(ctx, 0);
+    tu_assert_stats_sane(&st);
+    assert_true(st.reserved_bytes <= lim);
+    assert_true(st.reserved_peak <= lim);
+    if (s != GPUMEM_OK) break;
+    n++;
+  }
+  assert_status(s, GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_true(n >= 16); /* the 16 MiB left under the limit are mostly usable */
+  for (int i = 0; i < n; i++) assert_status(gpumem_free(ctx, blk[i], NULL), GPUMEM_OK);
+  /* cached memory under the limit serves what fits */
+  assert_status(gpumem_alloc(ctx, 0, 8 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  /* with everything free, a request up to the limit fits (cached memory is given back to make room) */
+  assert_status(gpumem_alloc(ctx, 0, 30 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+static void test_limit_fraction(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  assert_int_equal(tu_ctx_live(), 0);
+  tu_setenv("GPUMEM_SIM_DEVICES", "1GiB,4GiB");
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.limit_fraction = 0.25;
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *p = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 300 * TU_MiB, NULL, &p), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(p, (void *)0x1);
+  /* per device: a quarter of 4 GiB is 1 GiB */
+  assert_status(gpumem_alloc(ctx, 1, 300 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 200 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_true(tu_stats(ctx, 0).reserved_bytes <= 256 * TU_MiB);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+
+  /* both set: the stricter one applies */
+  tu_config(&cfg);
+  cfg.limit_fraction = 0.25;
+  cfg.limit_bytes = 512 * TU_MiB;
+  ctx = tu_ctx_new(&cfg);
+  p = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 300 * TU_MiB, NULL, &p), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_status(gpumem_alloc(ctx, 1, 600 * TU_MiB, NULL, &p), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(p, (void *)0x1);
+  tu_ctx_done(ctx);
+}
+
+static void test_initial_bytes(void **state) {
+  (void)state;
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.initial_bytes = 32 * TU_MiB;
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_true(st.reserved_bytes == 0); /* not before first use */
+  void *first = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 1024, NULL, &first), GPUMEM_OK);
+  st = tu_stats(ctx, 0);
+  assert_true(st.reserved_bytes >= 32 * TU_MiB);
+  uint64_t backend_allocs = st.num_backend_allocs;
+  /* the preallocation serves later requests without the backend */
+  void *p[16];
+  for (int i = 0; i < 16; i++) assert_status(gpumem_alloc(ctx, 0, TU_MiB, NULL, &p[i]), GPUMEM_OK);
+  st = tu_stats(ctx, 0);
+  assert_true(st.num_backend_allocs == backend_allocs);
+  for (int i = 0; i < 16; i++) assert_status(gpumem_free(ctx, p[i], NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, first, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      TU_TEST(test_limit_bytes),
+      TU_TEST(test_limit_fraction),
+      TU_TEST(test_initial_bytes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
