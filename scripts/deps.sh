@@ -17,6 +17,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+# The python3 on PATH may not be Debian's (pyenv, venv): give it pytest too.
+if ! python3 -c "import pytest" >/dev/null 2>&1; then
+  echo "deps: pip install pytest for $(command -v python3)"
+  python3 -m pip install -q pytest || python3 -m pip install -q --break-system-packages pytest
+fi
+if ! python3 -c "import numpy" >/dev/null 2>&1; then
+  python3 -m pip install -q numpy || python3 -m pip install -q --break-system-packages numpy || true
+fi
 # The CUDA toolkit is not a Debian package here: it is used when found
 # (nvcc on PATH or /usr/local/cuda); without it the CUDA backend is skipped.
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
