@@ -134,6 +134,7 @@ program test_gpumem_fortran
   call check(gpumem_backend_name_f(ctx2) == "sim", "environment picks sim")
   call expect(gpumem_destroy(ctx2, 0), GPUMEM_OK, "destroy defaults")
 
+  deallocate(name, uuid)   ! main-program allocatables are not freed at exit (LeakSanitizer)
   print '(a,i0,a)', "all ", checks, " Fortran binding checks passed"
 
 contains
