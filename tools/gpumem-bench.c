@@ -350,7 +350,7 @@ static int wanted(const options *o, const char *name) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: gpumem-bench [--backend sim|cuda|hip|auto] [--device N] [--repeat N] [--quick] [--json]\n"
+  fprintf(f, "usage: gpumem-bench [--backend sim|cuda|hip|auto] [--device N] [--repeat N] [--quick|--smoke] [--json]\n"
              "                    [--json-out FILE] [--trace FILE | --no-trace] [--only ALLOCATOR[,ALLOCATOR...]]\n"
              "  --json: JSON instead of the table; --json-out FILE: the table, and JSON into FILE\n"
              "  allocators: libgpumem, sim-raw (sim), cudaMalloc, cudaMallocAsync, torch (cuda builds)\n");
@@ -370,6 +370,7 @@ int main(int argc, char **argv) {
       o.repeat = atoi(argv[++i]);
       repeat_set = 1;
     } else if (!strcmp(a, "--quick")) o.quick = 1;
+    else if (!strcmp(a, "--smoke")) o.quick = 2; /* tests: 1/100 of the iterations, 1 run */
     else if (!strcmp(a, "--json")) o.json = 1;
     else if (!strcmp(a, "--json-out") && i + 1 < argc) o.json_out = argv[++i];
     else if (!strcmp(a, "--trace") && i + 1 < argc) o.trace = argv[++i];
@@ -385,7 +386,7 @@ int main(int argc, char **argv) {
     }
   }
   if (no_trace) o.trace = NULL;
-  if (o.quick && !repeat_set) o.repeat = 3;
+  if (o.quick && !repeat_set) o.repeat = o.quick == 2 ? 1 : 3;
   if (o.repeat < 1 || o.repeat > 64) {
     fprintf(stderr, "gpumem-bench: --repeat must be 1..64\n");
     return 2;
@@ -468,7 +469,7 @@ int main(int argc, char **argv) {
     }
   }
 
-  size_t div = o.quick ? 10 : 1;
+  size_t div = o.quick == 2 ? 100 : o.quick ? 10 : 1;
   pattern pats[16];
   int np = 0;
   const size_t sizes[] = {512, 64 * KiB, 2 * MiB, 64 * MiB, GiB};
@@ -551,7 +552,7 @@ int main(int argc, char **argv) {
   if (!o.json) {
     if (progress) fprintf(stderr, "%40s\r", "");
     printf("gpumem-bench: backend %s, device %d; median of %d runs%s\n", label, g_device, o.repeat,
-           o.quick ? " (--quick: 1/10 of the iterations)" : "");
+           o.quick == 2 ? " (--smoke: 1/100 of the iterations)" : o.quick ? " (--quick: 1/10 of the iterations)" : "");
     if (all_null) printf("note: streams are NULL for this backend in the tools\n");
     printf("%-24s %-9s", "pattern", "unit");
     for (int a = 0; a < g_nalloc; a++) printf(" %15s", g_alloc[a].name);
