@@ -67,7 +67,7 @@ fi
 export GPUMEM_GPU_REQUIRED=1 # tests/gpu fail instead of skipping without a GPU
 
 if want gpu; then
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) 2>&1 | tee "$OUT/gpu.log"
+  (cd "$BUILD" && ctest -L gpu -V --timeout 600) 2>&1 | tee "$OUT/gpu.log"
   stage_result gpu $?
 fi
 
@@ -100,10 +100,10 @@ if want probe; then
 fi
 
 if want hw; then
-  (cd "$BUILD" && GPUMEM_TEST_BACKEND=cuda timeout "$HW_BUDGET" ctest -L hw --output-on-failure --timeout 120) \
+  (cd "$BUILD" && GPUMEM_TEST_BACKEND=cuda timeout "$HW_BUDGET" ctest -L hw -V --timeout 120) \
     >"$OUT/hw.log" 2>&1
   rc=$?
-  grep -E "tests passed|Test +#|\*\*\*" "$OUT/hw.log" | tail -60
+  grep -E "tests passed|tests failed|Test +#[0-9]+:|PASSED|FAILED|SKIPPED" "$OUT/hw.log" | grep -v "^\s*$" | tail -80
   stage_result hw $rc
 fi
 

@@ -19,8 +19,8 @@
  * per device; kept until the process ends, as the runtime keeps its own).
  * The runtime uses the pushed primary context for cudaMalloc and friends, so
  * the memory is the same memory the runtime, PyTorch or CuPy use on that
- * device. A primary context reset by cudaDeviceReset (ours or anyone's) is
- * noticed (cuDevicePrimaryCtxGetState) and retained again.
+ * device. After a cudaDeviceReset (ours or anyone's) the next call gets the
+ * new primary context (see gb_primary).
  *
  * The driver API (contexts, virtual memory) is reached through
  * cudaGetDriverEntryPoint, so there is no link-time dependency on libcuda.
@@ -47,7 +47,7 @@ typedef CUresult (*gb_cuCtxPushCurrent_t)(CUcontext);
 typedef CUresult (*gb_cuCtxPopCurrent_t)(CUcontext *);
 typedef CUresult (*gb_cuDeviceGet_t)(CUdevice *, int);
 typedef CUresult (*gb_cuDevicePrimaryCtxRetain_t)(CUcontext *, CUdevice);
-typedef CUresult (*gb_cuDevicePrimaryCtxGetState_t)(CUdevice, unsigned int *, int *);
+typedef CUresult (*gb_cuDevicePrimaryCtxRelease_t)(CUdevice);
 typedef CUresult (*gb_cuMemGetAllocationGranularity_t)(size_t *, const CUmemAllocationProp *,
                                                        CUmemAllocationGranularity_flags);
 typedef CUresult (*gb_cuMemAddressReserve_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
@@ -69,7 +69,7 @@ static struct {
   gb_cuCtxPopCurrent_t ctx_pop_current;
   gb_cuDeviceGet_t device_get;
   gb_cuDevicePrimaryCtxRetain_t primary_retain;
-  gb_cuDevicePrimaryCtxGetState_t primary_get_state;
+  gb_cuDevicePrimaryCtxRelease_t primary_release;
   gb_cuMemGetAllocationGranularity_t mem_granularity; /* the vm_* group: all or none */
   gb_cuMemAddressReserve_t mem_reserve;
   gb_cuMemAddressFree_t mem_address_free;
@@ -83,9 +83,9 @@ static struct {
 } g_drv;
 static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
 
-/* Primary contexts we retained, per visible ordinal. */
+/* 1 once the backend holds its persistent retain of the device's primary context. */
 #define GB_MAX_DEVICES 256
-static _Atomic(CUcontext) g_primary[GB_MAX_DEVICES];
+static atomic_int g_retained[GB_MAX_DEVICES];
 static pthread_mutex_t g_primary_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void *gb_entry(const char *symbol) {
@@ -134,11 +134,11 @@ static void gb_drv_load(void) {
   GB_LOAD(ctx_pop_current, "cuCtxPopCurrent");
   GB_LOAD(device_get, "cuDeviceGet");
   GB_LOAD(primary_retain, "cuDevicePrimaryCtxRetain");
-  GB_LOAD(primary_get_state, "cuDevicePrimaryCtxGetState");
+  GB_LOAD(primary_release, "cuDevicePrimaryCtxRelease");
   GB_LOAD(get_error_string, "cuGetErrorString");
   GB_LOAD(device_get_attribute, "cuDeviceGetAttribute");
   if (!g_drv.ctx_get_current || !g_drv.ctx_push_current || !g_drv.ctx_pop_current || !g_drv.device_get ||
-      !g_drv.primary_retain || !g_drv.primary_get_state || !g_drv.device_get_attribute) {
+      !g_drv.primary_retain || !g_drv.primary_release || !g_drv.device_get_attribute) {
     g_drv.status = (int)cudaErrorCallRequiresNewerDriver;
     return;
   }
@@ -167,35 +167,37 @@ typedef struct gb_saved {
   int pushed;
 } gb_saved;
 
-/* The primary context of visible device `dev`, active; retained on first use and again after a reset. */
+/*
+ * The primary context of visible device `dev`, active.
+ *
+ * The backend holds one retain per device for the life of the process
+ * (taken on first use, never released: releasing the last retain would
+ * destroy the context and every allocation in it). The handle itself is not
+ * cached: cudaDeviceReset (ours, or the application's) destroys the primary
+ * context and a later use makes a new one, so a cached handle could be stale.
+ * Each call therefore asks the driver for the current handle with a
+ * retain/release pair, which also re-activates a context that was reset; the
+ * persistent retain keeps the pair from ever dropping the count to zero.
+ */
 static int gb_primary(int dev, CUcontext *out) {
   CUdevice d;
-  CUcontext c;
-  unsigned int flags = 0;
-  int active = 0;
+  CUcontext c = NULL;
   CUresult r;
   r = g_drv.device_get(&d, dev);
   if (r != CUDA_SUCCESS) return (int)r;
-  c = atomic_load_explicit(&g_primary[dev], memory_order_acquire);
-  if (c) {
-    r = g_drv.primary_get_state(d, &flags, &active);
-    if (r != CUDA_SUCCESS) return (int)r;
-    if (active) {
-      *out = c;
-      return 0;
+  if (!atomic_load_explicit(&g_retained[dev], memory_order_acquire)) {
+    pthread_mutex_lock(&g_primary_lock);
+    r = CUDA_SUCCESS;
+    if (!atomic_load_explicit(&g_retained[dev], memory_order_relaxed)) {
+      r = g_drv.primary_retain(&c, d);
+      if (r == CUDA_SUCCESS) atomic_store_explicit(&g_retained[dev], 1, memory_order_release);
     }
+    pthread_mutex_unlock(&g_primary_lock);
+    if (r != CUDA_SUCCESS) return (int)r;
   }
-  pthread_mutex_lock(&g_primary_lock);
-  /* Not yet retained, or reset since (cudaDeviceReset keeps the retain count
-   * but makes the context inactive): a retain activates it again. */
-  r = g_drv.primary_get_state(d, &flags, &active);
-  c = atomic_load_explicit(&g_primary[dev], memory_order_acquire);
-  if (r == CUDA_SUCCESS && (!c || !active)) {
-    r = g_drv.primary_retain(&c, d);
-    if (r == CUDA_SUCCESS) atomic_store_explicit(&g_primary[dev], c, memory_order_release);
-  }
-  pthread_mutex_unlock(&g_primary_lock);
+  r = g_drv.primary_retain(&c, d);
   if (r != CUDA_SUCCESS) return (int)r;
+  (void)g_drv.primary_release(d);
   *out = c;
   return 0;
 }
@@ -225,7 +227,7 @@ static void gb_leave(const gb_saved *s) {
 }
 
 static void gb_after_reset(int dev) {
-  (void)dev; /* gb_primary notices the inactive context and retains it again */
+  (void)dev; /* gb_primary asks for the (new) primary context on the next call */
 }
 
 /* ---- device identity ------------------------------------------------------ */

@@ -76,6 +76,7 @@ static inline int finish(const char *name) {
  */
 static inline void require_gpu(const char *name) {
   int n = 0;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a crash must not lose what was printed */
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e == cudaSuccess && n > 0) return;
   (void)cudaGetLastError();
