@@ -13,6 +13,10 @@
 #    git-ignored) on cuda with real device memory, --sample-used (peak of
 #    total-free after every allocation), and the same traces on sim for comparison.
 # Every step runs even if an earlier one failed; summary.txt says which did.
+#
+# Parts can be chosen, to fit a time limit per command (the build folder is
+# reused when it exists):  bash scripts/gpu-bench.sh [build] [info] [bench] [replay] [sim]
+# (default: all of them). Environment: OUT, BUILD (build-gpu), TRACES (.gpu/traces), REPEAT (7).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-bench-out}
@@ -21,6 +25,8 @@ TRACES=${TRACES:-.gpu/traces}
 REPEAT=${REPEAT:-7}
 JOBS=$(nproc 2>/dev/null || echo 4)
 mkdir -p "$OUT"
+PARTS=" ${*:-build info bench replay sim} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 summary="$OUT/summary.txt"
 : >"$summary"
 step() { # step NAME TIMEOUT CMD... : run, log to $OUT/NAME.log, record the status
@@ -47,31 +53,33 @@ step() { # step NAME TIMEOUT CMD... : run, log to $OUT/NAME.log, record the stat
 cat "$OUT/machine.txt" | head -3 | tee -a "$summary"
 
 export PATH="$PATH:/usr/local/cuda/bin"
-step configure 300 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_WITH_CUDA=ON \
+want build && step configure 300 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_WITH_CUDA=ON \
   -DGPUMEM_BUILD_TESTS=OFF -DGPUMEM_BUILD_EXAMPLES=OFF
-step build 600 cmake --build "$BUILD" -j "$JOBS" --target gpumem-bench gpumem-replay gpumem-info bench-pairs
-grep -E "gpumem|torch|zlib" "$OUT/configure.log" | sed 's/^/   /' | tee -a "$summary"
+want build && step build 400 cmake --build "$BUILD" -j "$JOBS" --target gpumem-bench gpumem-replay gpumem-info bench-pairs
+want build && grep -E "gpumem|torch|zlib" "$OUT/configure.log" | sed 's/^/   /' | tee -a "$summary"
 T=$BUILD/tools
 if [ ! -x "$T/gpumem-bench" ]; then
   echo "build failed: see $OUT/build.log" | tee -a "$summary"
   exit 1
 fi
 
-step info 60 "$T/gpumem-info" --backend cuda
-"$T/gpumem-info" --backend cuda --json >"$OUT/info.json" 2>/dev/null
+if want info; then
+  step info 60 "$T/gpumem-info" --backend cuda
+  "$T/gpumem-info" --backend cuda --json >"$OUT/info.json" 2>/dev/null
+fi
 
 trace_arg=(--no-trace)
 [ -f "$TRACES/resnet50.txt.gz" ] && trace_arg=(--trace "$TRACES/resnet50.txt.gz")
 [ "${trace_arg[0]}" = --no-trace ] && [ -f examples/traces/resnet50.txt.gz ] &&
   trace_arg=(--trace examples/traces/resnet50.txt.gz)
-step bench-cuda 900 "$T/gpumem-bench" --backend cuda --repeat "$REPEAT" "${trace_arg[@]}" \
+want bench && step bench-cuda 540 "$T/gpumem-bench" --backend cuda --repeat "$REPEAT" "${trace_arg[@]}" \
   --json-out "$OUT/bench-cuda.json"
-if grep -q '"allocators": .*"torch"' "$OUT/bench-cuda.json" 2>/dev/null; then
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step bench-torch-expandable 600 "$T/gpumem-bench" \
+if want bench && grep -q '"allocators": .*"torch"' "$OUT/bench-cuda.json" 2>/dev/null; then
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step bench-torch-expandable 300 "$T/gpumem-bench" \
     --backend cuda --repeat "$REPEAT" --only libgpumem,torch "${trace_arg[@]}" \
     --json-out "$OUT/bench-torch-expandable.json"
 fi
-step bench-sim 600 "$T/gpumem-bench" --backend sim --repeat "$REPEAT" "${trace_arg[@]}" \
+want sim && step bench-sim 300 "$T/gpumem-bench" --backend sim --repeat "$REPEAT" "${trace_arg[@]}" \
   --json-out "$OUT/bench-sim.json"
 
 traces=()
@@ -80,9 +88,9 @@ if [ ${#traces[@]} -eq 0 ]; then
   echo "no traces in $TRACES: replaying the shipped examples/traces/resnet50.txt.gz only" | tee -a "$summary"
   traces=(examples/traces/resnet50.txt.gz)
 fi
-step replay-cuda 900 "$T/gpumem-replay" --backend cuda --repeat 5 --sample-used --json-out "$OUT/replay-cuda.json" \
+want replay && step replay-cuda 540 "$T/gpumem-replay" --backend cuda --repeat 5 --sample-used --json-out "$OUT/replay-cuda.json" \
   "${traces[@]}"
-step replay-sim 600 "$T/gpumem-replay" --backend sim --repeat 5 --sample-used --json-out "$OUT/replay-sim.json" \
+want sim && step replay-sim 300 "$T/gpumem-replay" --backend sim --repeat 5 --sample-used --json-out "$OUT/replay-sim.json" \
   "${traces[@]}"
 
 echo | tee -a "$summary"
