@@ -561,12 +561,16 @@ static void poll_pending(gpumem__pool *p) {
   }
 }
 
-/* Harvest every stream with free blocks (except `except`), with events. */
+/* Harvest every stream with free blocks (except `except`), with events.
+ * A stream that still has a pending batch is skipped: events on one stream
+ * complete in order, so a newer one could not complete before it anyway.
+ * This keeps at most one event-backed batch per stream, so polling costs
+ * O(streams). Call poll_pending() first. */
 static void harvest_all(gpumem__pool *p, const gpumem__srec *except) {
   if (!p->ctx->has_events) return;
   for (size_t i = 0; i < p->scap; i++) {
     gpumem__srec *r = p->stab[i];
-    if (r != NULL && r != except && r->idx->nblocks > 0) (void)harvest(p, r, 1);
+    if (r != NULL && r != except && r->idx->nblocks > 0 && r->batches == NULL) (void)harvest(p, r, 1);
   }
 }
 
@@ -684,6 +688,7 @@ static void check_threshold(gpumem__pool *p) {
   uint64_t rel = 0;
   (void)release_empty(p, thr, &rel);
   if (cached_bytes(p) > thr && p->ctx->has_events) {
+    poll_pending(p);
     harvest_all(p, NULL);
     poll_pending(p);
     (void)release_empty(p, thr, &rel);
@@ -699,6 +704,7 @@ static void check_free_fraction(gpumem__pool *p) {
   if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return;
   if ((double)fr >= frac * (double)tot) return;
   uint64_t rel = 0;
+  poll_pending(p);
   harvest_all(p, NULL);
   poll_pending(p);
   (void)release_empty(p, 0, &rel);
