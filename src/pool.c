@@ -966,22 +966,17 @@ gpumem_status gpumem__pool_trim(gpumem__pool *p, uint64_t keep, uint64_t *releas
 }
 
 /* Drop everything: live blocks are invalidated, every segment, event and
- * record is given back. Stats: current values go to 0, cumulative ones stay. */
-static void pool_clear_locked(gpumem__pool *p) {
+ * record is given back. A segment the backend refuses to free stays in the
+ * pool as one wholly free READY block (so a later trim, reset or destroy
+ * gives it back) and the first such error is returned. Stats: current
+ * values go to what is left, cumulative ones stay. */
+static gpumem_status pool_clear_locked(gpumem__pool *p) {
   gpumem_context *ctx = p->ctx;
-  gpumem__segment *s = p->segs;
-  while (s != NULL) {
-    gpumem__segment *n = s->next;
+  /* 1. invalidate live blocks */
+  for (gpumem__segment *s = p->segs; s != NULL; s = s->next)
     for (gpumem__block *b = s->head; b != NULL; b = b->next)
       if (b->idx == NULL) (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p);
-    if (gpumem__be_free(ctx, p->device, (void *)s->base) == GPUMEM_OK) p->st.num_backend_frees++;
-    free(s);
-    s = n;
-  }
-  p->segs = NULL;
-  p->empty = NULL;
-  p->empty_bytes = 0;
-  /* batches and their events */
+  /* 2. forget every free index: batches (and their events), stream records, READY */
   gpumem__batch *bt = p->pending_head;
   while (bt != NULL) {
     gpumem__batch *n = bt->next;
@@ -999,7 +994,6 @@ static void pool_clear_locked(gpumem__pool *p) {
   }
   for (size_t i = 0; i < p->nev; i++) (void)gpumem__be_event_destroy(ctx, p->device, p->evcache[i]);
   p->nev = 0;
-  /* stream records */
   for (size_t i = 0; i < p->scap; i++) {
     if (p->stab[i] == NULL) continue;
     free(p->stab[i]->idx);
@@ -1013,29 +1007,76 @@ static void pool_clear_locked(gpumem__pool *p) {
     p->ffree = n;
   }
   fidx_clear(p->ready, IDX_READY);
-  /* every block is unused now */
+  p->empty = NULL;
+  p->empty_bytes = 0;
+  /* 3. every block struct is unused now */
   while (p->slabs != NULL) {
     gpumem__slab *n = p->slabs->next;
     free(p->slabs);
     p->slabs = n;
   }
   p->bfree = NULL;
+  /* 4. give the segments back */
+  gpumem_status first = GPUMEM_OK;
+  gpumem__segment *s = p->segs;
+  p->segs = NULL;
+  p->st.reserved_bytes = 0;
+  p->st.num_segments = 0;
+  while (s != NULL) {
+    gpumem__segment *n = s->next;
+    gpumem_status st = gpumem__be_free(ctx, p->device, (void *)s->base);
+    if (st == GPUMEM_OK) {
+      p->st.num_backend_frees++;
+      free(s);
+    } else {
+      if (first == GPUMEM_OK) first = st;
+      if (block_reserve(p, 1) != 0) {
+        free(s); /* no host memory to keep track of it: it is lost to this pool */
+      } else {
+        gpumem__block *b = block_new(p);
+        b->addr = s->base;
+        b->size = s->size;
+        b->seg = s;
+        s->head = b;
+        s->empty = 0;
+        s->prev = NULL;
+        s->next = p->segs;
+        if (p->segs != NULL) p->segs->prev = s;
+        p->segs = s;
+        p->st.reserved_bytes += s->size;
+        p->st.num_segments++;
+        idx_insert(p, p->ready, b);
+      }
+    }
+    s = n;
+  }
   p->st.allocated_bytes = 0;
   p->st.requested_bytes = 0;
-  p->st.reserved_bytes = 0;
   p->st.num_live = 0;
-  p->st.num_segments = 0;
+  return first;
 }
 
 gpumem_status gpumem__pool_reset(gpumem__pool *p) {
   gpumem__mutex_lock(&p->lock);
+  /* if the device cannot be synchronised, nothing is invalidated */
   gpumem_status st = gpumem__be_device_synchronize(p->ctx, p->device);
+  if (st != GPUMEM_OK) {
+    gpumem__mutex_unlock(&p->lock);
+    return st;
+  }
   uint64_t live = p->st.num_live, res = p->st.reserved_bytes;
-  pool_clear_locked(p);
+  /* Once the first segment is given back the reset has happened: a segment
+   * the backend refuses to free stays cached (a later trim or destroy gives
+   * it back) and the reset still succeeds; the backend error is logged and
+   * kept in gpumem_last_backend_error(). */
+  if (pool_clear_locked(p) != GPUMEM_OK)
+    LOG(p, GPUMEM_LOG_ERROR, "device %d: reset: %llu bytes could not be given back and stay cached", p->device,
+        (unsigned long long)p->st.reserved_bytes);
+  res -= p->st.reserved_bytes;
   gpumem__mutex_unlock(&p->lock);
   LOG(p, GPUMEM_LOG_INFO, "device %d: reset: %llu live allocation(s) invalidated, %llu bytes given back", p->device,
       (unsigned long long)live, (unsigned long long)res);
-  return st;
+  return GPUMEM_OK;
 }
 
 void gpumem__pool_get_stats(gpumem__pool *p, gpumem_stats *st) {
@@ -1129,7 +1170,23 @@ void gpumem__pool_destroy(gpumem__pool *p) {
   if (p == NULL) return;
   gpumem__mutex_lock(&p->lock);
   if (p->segs != NULL) (void)gpumem__be_device_synchronize(p->ctx, p->device);
-  pool_clear_locked(p);
+  if (pool_clear_locked(p) != GPUMEM_OK) {
+    /* the backend refused some frees: try once more, then they are lost */
+    gpumem__segment *s = p->segs;
+    while (s != NULL) {
+      gpumem__segment *n = s->next;
+      if (gpumem__be_free(p->ctx, p->device, (void *)s->base) == GPUMEM_OK) p->st.num_backend_frees++;
+      else LOG(p, GPUMEM_LOG_ERROR, "device %d: segment %p (%zu bytes) could not be given back", p->device, (void *)s->base, s->size);
+      free(s);
+      s = n;
+    }
+    p->segs = NULL;
+    while (p->slabs != NULL) {
+      gpumem__slab *n = p->slabs->next;
+      free(p->slabs);
+      p->slabs = n;
+    }
+  }
   gpumem__mutex_unlock(&p->lock);
   free(p->stab);
   free(p->evcache);
