@@ -15,6 +15,7 @@ JOBS=${JOBS:-$(nproc)}
 step() { printf '\n==== %s ====\n' "$*"; }
 
 step "build (Werror) and test"
+mkdir -p build
 cmake -S . -B build/ci -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_WERROR=ON >build/ci.configure.log 2>&1 \
   || { cat build/ci.configure.log; exit 1; }
 grep -E '^-- gpumem' build/ci.configure.log || true
