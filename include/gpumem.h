@@ -434,6 +434,91 @@ GPUMEM_API gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpume
  */
 GPUMEM_API gpumem_status gpumem_reset_peak_stats(gpumem_context *ctx, int device);
 
+/** \brief Output formats of gpumem_stats_format(). */
+typedef enum gpumem_stats_format_kind {
+  GPUMEM_STATS_JSON = 0,      /**< one JSON object, keys = the ::gpumem_stats field names */
+  GPUMEM_STATS_PROMETHEUS = 1 /**< Prometheus text exposition format 0.0.4 (`# HELP`, `# TYPE`, samples) */
+} gpumem_stats_format_kind;
+
+/**
+ * \brief Format the statistics as text: JSON or the Prometheus exposition format.
+ *
+ * JSON, one device: `{"backend":"sim","device":0,"allocated_bytes":...}` with
+ * every ::gpumem_stats field (but `struct_size` and `reserved_`) as a key.
+ * JSON, ::GPUMEM_ALL_DEVICES: `{"backend":"sim","devices":[{"device":0,...},...],"total":{...}}`
+ * with one entry per device that has a pool and the sum over all of them.
+ *
+ * Prometheus: one metric family per field, named `gpumem_<field>`, with
+ * labels `backend` and `device`. Current values are gauges
+ * (`gpumem_reserved_bytes`, `gpumem_num_live`, the peaks, ...); cumulative
+ * counts are counters with the suffix `_total` (`gpumem_num_allocs_total`,
+ * `gpumem_trimmed_bytes_total`, ...). ::GPUMEM_ALL_DEVICES gives one sample
+ * per device that has a pool and no summed sample (sum them in PromQL), so
+ * that `sum()` never counts a device twice. See docs/MONITORING.md.
+ *
+ * Size handling follows snprintf: at most `len` bytes are written, always
+ * NUL-terminated when `len > 0`, and `*needed` receives the size the whole
+ * text needs including the terminating NUL. Call with `buf` NULL and `len`
+ * 0 to learn the size; numbers may grow between two calls, so allocate some
+ * slack or retry.
+ *
+ * Thread-safe; each device's numbers are one consistent snapshot.
+ * \param ctx    context.
+ * \param device a device or ::GPUMEM_ALL_DEVICES.
+ * \param format ::GPUMEM_STATS_JSON or ::GPUMEM_STATS_PROMETHEUS.
+ * \param buf    receives the NUL-terminated text; may be NULL only when `len` is 0.
+ * \param len    size of `buf` in bytes.
+ * \param needed receives the bytes the whole text needs, NUL included; may be NULL.
+ * \return ::GPUMEM_OK (the whole text fits, or `buf` is NULL and `len` 0: a size query);
+ *         ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL, unknown format, `buf` NULL with `len` > 0,
+ *         or `len` too small: then the text is truncated, NUL-terminated, and `*needed` is set);
+ *         ::GPUMEM_ERR_INVALID_DEVICE.
+ */
+GPUMEM_API gpumem_status gpumem_stats_format(gpumem_context *ctx, int device, gpumem_stats_format_kind format,
+                                             char *buf, size_t len, size_t *needed);
+
+/* ---------------------------------------------------------------------- */
+/* Allocation traces                                                       */
+
+/**
+ * \brief Start recording every allocation and free of the context into a trace file.
+ *
+ * The file is plain text in the format gpumem-replay reads (see
+ * docs/MONITORING.md): `# libgpumem trace` header comments (backend,
+ * devices, date), then one line per event: `a ID SIZE STREAM` for an
+ * allocation (ID: unique decimal integers in allocation order; SIZE: the
+ * requested size; STREAM: the stream handle as a decimal integer, 0 = the
+ * default stream; a fifth field DEVICE when the device is not 0) and
+ * `f ID` for a free. A gpumem_reset() writes `f ID` for every live block of
+ * the device it reset. The file is truncated; `%p` in `path` is replaced by
+ * the process id and `%c` by a per-process context counter. The environment
+ * variable `GPUMEM_TRACE=path` does the same at gpumem_create() (unless
+ * ::GPUMEM_CONFIG_NO_ENV is set).
+ *
+ * Thread-safe: events of concurrent threads are written under one lock, in
+ * an order consistent with the allocator (a free is written before its
+ * memory can be handed out again). When no trace is recorded the cost is one
+ * predictable branch per allocation and free.
+ * \param ctx  context.
+ * \param path file to write; a path ending in ".gz" is refused (compress the file afterwards).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx or path NULL or empty, or the file
+ *         cannot be created: logged with the reason); ::GPUMEM_ERR_BUSY (a trace is already
+ *         being recorded); ::GPUMEM_ERR_NOT_SUPPORTED (path ends in ".gz");
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (host).
+ */
+GPUMEM_API gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *path);
+
+/**
+ * \brief Stop recording: write a closing comment, flush and close the trace file.
+ *
+ * Blocks still live stay unfreed in the trace. Thread-safe.
+ * \param ctx context.
+ * \return ::GPUMEM_OK (also when no trace was being recorded); ::GPUMEM_ERR_INVALID_ARGUMENT
+ *         (ctx NULL, or writing or closing the file failed, e.g. disk full: the trace is
+ *         incomplete, the reason is logged, and recording has stopped all the same).
+ */
+GPUMEM_API gpumem_status gpumem_trace_stop(gpumem_context *ctx);
+
 /* ---------------------------------------------------------------------- */
 /* Framework entry points (PyTorch CUDAPluggableAllocator)                 */
 

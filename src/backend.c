@@ -258,3 +258,15 @@ gpumem_status gpumem__be_device_reset(gpumem_context *ctx, int dev) {
               ctx->be_name, dev);
   GPUMEM__CALL(ctx, "device_reset", dev, ctx->be.device_reset(&ctx->be, dev));
 }
+
+int gpumem__be_has_annotations(const gpumem_context *ctx) {
+  return ctx->be.version >= 2 && ctx->be.annotate_alloc != NULL && ctx->be.annotate_free != NULL;
+}
+
+void gpumem__be_annotate_alloc(gpumem_context *ctx, int dev, void *p, size_t size) {
+  ctx->be.annotate_alloc(&ctx->be, dev, p, size);
+}
+
+void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size) {
+  ctx->be.annotate_free(&ctx->be, dev, p, size);
+}

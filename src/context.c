@@ -35,6 +35,13 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
       st = GPUMEM_ERR_OUT_OF_MEMORY;
     }
   }
+  if (st == GPUMEM_OK) {
+    st = gpumem__monitor_init(ctx); /* annotations, GPUMEM_TRACE */
+    if (st != GPUMEM_OK) {
+      free(ctx->pools);
+      gpumem__backend_close(ctx);
+    }
+  }
   if (st != GPUMEM_OK) {
     gpumem__ptrmap_destroy(&ctx->map);
     gpumem__mutex_destroy(&ctx->lock);
@@ -108,10 +115,12 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   }
   for (int d = 0; d < ctx->ndev; d++) {
     gpumem__pool *p = pool_get(ctx, d);
+    if (p != NULL && count > 0 && GPUMEM__MON_ON(ctx)) gpumem__monitor_reset(ctx, p);
     if (p != NULL) gpumem__pool_destroy(p);
     atomic_store_explicit(&ctx->pools[d], NULL, memory_order_relaxed);
   }
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context destroyed (backend %s)", ctx->be_name);
+  gpumem__monitor_fini(ctx);
   gpumem__backend_close(ctx);
   free(ctx->pools);
   gpumem__ptrmap_destroy(&ctx->map);
@@ -177,7 +186,9 @@ gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, 
   gpumem__pool *p;
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
-  return gpumem__pool_alloc(p, size, stream, tag, out_ptr);
+  st = gpumem__pool_alloc(p, size, stream, tag, out_ptr);
+  if (GPUMEM__MON_ON(ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
+  return st;
 }
 
 gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, void **out_ptr) {
@@ -187,6 +198,7 @@ gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_
 gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (ptr == NULL) return GPUMEM_OK;
+  if (GPUMEM__MON_ON(ctx)) gpumem__monitor_free(ctx, ptr, stream); /* before the block can be handed out again */
   /* The pool is found through the index, and the pool removes the entry
    * under its own lock, so a concurrent reset or double free is caught. */
   for (int tries = 0; tries < 4; tries++) {
@@ -240,6 +252,7 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;
+    if (p != NULL && GPUMEM__MON_ON(ctx)) gpumem__monitor_reset(ctx, p);
     if (p != NULL) st = gpumem__pool_reset(p);
     if (st == GPUMEM_OK && (flags & GPUMEM_RESET_DEVICE)) st = gpumem__be_device_reset(ctx, d);
     if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;

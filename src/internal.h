@@ -132,6 +132,10 @@ gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_
 gpumem_status gpumem__be_stream_synchronize(gpumem_context *ctx, int dev, gpumem_stream s);
 gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev);
 gpumem_status gpumem__be_device_reset(gpumem_context *ctx, int dev);
+/** 1 when the backend has both version-2 annotation methods (after its init). */
+int gpumem__be_has_annotations(const gpumem_context *ctx);
+void gpumem__be_annotate_alloc(gpumem_context *ctx, int dev, void *p, size_t size);
+void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size);
 
 /* ---------------------------------------------------------------------- */
 /* pool.c                                                                  */
@@ -219,7 +223,30 @@ struct gpumem_context {
   _Atomic(gpumem__pool *) *pools; /* ndev entries, created lazily */
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
+  /* trace.c: monitoring (traces, checking-tool annotations) */
+  _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
+  gpumem__mutex trace_lock;     /* guards trace and the trace file */
+  struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
 };
+
+/* ---------------------------------------------------------------------- */
+/* trace.c: monitoring hooks, called by the entry points when ctx->mon != 0 */
+
+#define GPUMEM__MON_TRACE 0x1u    /* a trace is being recorded */
+#define GPUMEM__MON_ANNOTATE 0x2u /* the backend annotates blocks for checking tools */
+/** 1 when a monitoring hook must run: one relaxed load and one predictable branch. */
+#define GPUMEM__MON_ON(ctx) GPUMEM__UNLIKELY(atomic_load_explicit(&(ctx)->mon, memory_order_relaxed) != 0u)
+
+/** At create, after the backend is open: the lock, annotations, GPUMEM_TRACE. Cleans up after itself on failure. */
+gpumem_status gpumem__monitor_init(gpumem_context *ctx);
+/** At destroy, after the pools are gone: close the trace, destroy the lock. */
+void gpumem__monitor_fini(gpumem_context *ctx);
+/** After a successful allocation of `size` requested bytes. */
+void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream);
+/** Before a free hands ptr back to its pool. */
+void gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
+/** Before a pool's live blocks are invalidated (gpumem_reset, gpumem_destroy with FORCE). */
+void gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool);
 
 /**
  * \brief Check the internal invariants of every pool of ctx (block lists

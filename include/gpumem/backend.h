@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /** \brief The vtable version this header describes. */
-#define GPUMEM_BACKEND_VERSION 1
+#define GPUMEM_BACKEND_VERSION 2
 
 /** \brief An event handle (cudaEvent_t, hipEvent_t, or the backend's own). */
 typedef void *gpumem_event;
@@ -102,7 +102,27 @@ typedef int (*gpumem_backend_vm_map_fn)(gpumem_backend *be, int device, void *va
 typedef int (*gpumem_backend_vm_unmap_fn)(gpumem_backend *be, int device, void *va, size_t size);
 
 /**
- * \brief A backend: data members first, then methods (version 1).
+ * \brief `void annotate_alloc(gpumem_backend *be, int device, void *ptr, size_t size)`: optional (version 2).
+ *
+ * Called by the core after a block of `size` requested bytes at `ptr` was
+ * handed out to the application, so that a checking tool (compute-sanitizer
+ * through NVTX, valgrind's memcheck) treats exactly those bytes as one
+ * allocation. Called from any thread, possibly concurrently; no lock of the
+ * core is held. Returns nothing: an annotation never fails an allocation.
+ */
+typedef void (*gpumem_backend_annotate_alloc_fn)(gpumem_backend *be, int device, void *ptr, size_t size);
+/**
+ * \brief `void annotate_free(gpumem_backend *be, int device, void *ptr, size_t size)`: optional (version 2).
+ *
+ * Called by the core before the block at `ptr` (announced by annotate_alloc
+ * with the same `size`) goes back to the pool: by gpumem_free(), and for
+ * every live block of a device at gpumem_reset() and at gpumem_destroy()
+ * with ::GPUMEM_DESTROY_FORCE. Called from any thread, possibly concurrently.
+ */
+typedef void (*gpumem_backend_annotate_free_fn)(gpumem_backend *be, int device, void *ptr, size_t size);
+
+/**
+ * \brief A backend: data members first, then methods (version 1, then version 2).
  */
 struct gpumem_backend {
   uint32_t version;    /**< ::GPUMEM_BACKEND_VERSION the backend was written for (>= 1) */
@@ -137,6 +157,13 @@ struct gpumem_backend {
   gpumem_backend_vm_destroy_fn vm_destroy;         /**< optional */
   gpumem_backend_vm_map_fn vm_map;                 /**< optional */
   gpumem_backend_vm_unmap_fn vm_unmap;             /**< optional */
+
+  /* ---- version 2: annotations for checking tools, optional (NULL = none) ----
+   * The core calls them only when version >= 2 and both are non-NULL after
+   * init: a backend's init may set them to NULL in the core's copy when no
+   * checking tool is attached, so that they then cost nothing. */
+  gpumem_backend_annotate_alloc_fn annotate_alloc; /**< optional (version 2) */
+  gpumem_backend_annotate_free_fn annotate_free;   /**< optional (version 2) */
 };
 
 /**

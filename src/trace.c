@@ -1,0 +1,440 @@
+/* trace.c: monitoring hooks of the context: allocation traces
+ * (gpumem_trace_start/stop, GPUMEM_TRACE) and the backend's annotations for
+ * checking tools (annotate_alloc/annotate_free: NVTX, valgrind).
+ *
+ * The entry points in context.c test one field, ctx->mon, and call in here
+ * only when it is non-zero (a trace is recorded, or the backend annotates).
+ *
+ * Ordering: a free is annotated and written to the trace BEFORE the block
+ * goes back to the pool, an allocation AFTER the pool handed it out. So when
+ * another thread gets the same address next, its "a" line comes after the
+ * "f" line of the previous owner, and the pointer -> ID map below never
+ * confuses two owners of one address.
+ *
+ * Trace format (shared/traces/README.md, plus an optional DEVICE field):
+ *   # comments
+ *   a ID SIZE STREAM [DEVICE]
+ *   f ID
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------- */
+/* pointer -> (ID, device) map: linear probing, backward-shift deletion     */
+
+typedef struct trace_slot {
+  uintptr_t key; /* 0 = empty */
+  uint64_t id;
+  int device;
+} trace_slot;
+
+struct gpumem__trace {
+  FILE *f;
+  char *path;
+  uint64_t next_id;      /* IDs in allocation order, from 1 */
+  uint64_t nallocs, nfrees;
+  trace_slot *slots;
+  size_t cap;            /* power of two */
+  size_t count;
+  int write_error;       /* errno of the first failed write, 0 if none */
+};
+
+static size_t slot_hash(uintptr_t k, size_t mask) {
+  uint64_t x = (uint64_t)k;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return (size_t)x & mask;
+}
+
+static int map_grow(struct gpumem__trace *t) {
+  size_t ncap = t->cap ? t->cap * 2 : 1024;
+  trace_slot *ns = calloc(ncap, sizeof *ns);
+  if (ns == NULL) return -1;
+  for (size_t i = 0; i < t->cap; i++) {
+    if (t->slots[i].key == 0) continue;
+    size_t j = slot_hash(t->slots[i].key, ncap - 1);
+    while (ns[j].key != 0) j = (j + 1) & (ncap - 1);
+    ns[j] = t->slots[i];
+  }
+  free(t->slots);
+  t->slots = ns;
+  t->cap = ncap;
+  return 0;
+}
+
+/* Insert or overwrite; -1 on host out-of-memory. */
+static int map_put(struct gpumem__trace *t, uintptr_t key, uint64_t id, int device) {
+  if ((t->count + 1) * 2 > t->cap && map_grow(t) != 0) return -1;
+  size_t mask = t->cap - 1, i = slot_hash(key, mask);
+  while (t->slots[i].key != 0 && t->slots[i].key != key) i = (i + 1) & mask;
+  if (t->slots[i].key == 0) t->count++;
+  t->slots[i].key = key;
+  t->slots[i].id = id;
+  t->slots[i].device = device;
+  return 0;
+}
+
+static int slot_cmp_id(const void *a, const void *b) {
+  uint64_t x = ((const trace_slot *)a)->id, y = ((const trace_slot *)b)->id;
+  return (x > y) - (x < y);
+}
+
+/* Remove key; returns 1 and its ID when present. */
+static int map_take(struct gpumem__trace *t, uintptr_t key, uint64_t *id) {
+  if (t->cap == 0) return 0;
+  size_t mask = t->cap - 1, i = slot_hash(key, mask);
+  while (t->slots[i].key != key) {
+    if (t->slots[i].key == 0) return 0;
+    i = (i + 1) & mask;
+  }
+  *id = t->slots[i].id;
+  /* backward-shift deletion keeps every probe chain intact without tombstones */
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (t->slots[j].key == 0) break;
+    size_t home = slot_hash(t->slots[j].key, mask);
+    /* move j into the hole i unless its home lies cyclically in (i, j] */
+    if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
+      t->slots[i] = t->slots[j];
+      i = j;
+    }
+  }
+  t->slots[i].key = 0;
+  t->count--;
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Writing                                                                 */
+
+static void trace_write(struct gpumem__trace *t, const char *s, size_t n) {
+  if (t->write_error) return;
+  if (fwrite(s, 1, n, t->f) != n) t->write_error = errno ? errno : EIO;
+}
+
+/* Decimal digits of v at the end of buf[0..20]; returns the start. */
+static char *u64_dec(char *end, uint64_t v) {
+  char *p = end;
+  do {
+    *--p = (char)('0' + v % 10u);
+    v /= 10u;
+  } while (v != 0);
+  return p;
+}
+
+static void put_u64(char **w, uint64_t v) {
+  char tmp[24];
+  char *s = u64_dec(tmp + sizeof tmp, v);
+  size_t n = (size_t)(tmp + sizeof tmp - s);
+  memcpy(*w, s, n);
+  *w += n;
+}
+
+static void trace_free_struct(struct gpumem__trace *t) {
+  if (t == NULL) return;
+  free(t->slots);
+  free(t->path);
+  free(t);
+}
+
+/* Expand %p (pid) and %c (context counter) in path. NULL on host out-of-memory. */
+static char *expand_path(const char *path, unsigned long ctx_no) {
+  size_t n = strlen(path), cap = n + 1;
+  for (size_t i = 0; i + 1 < n; i++)
+    if (path[i] == '%' && (path[i + 1] == 'p' || path[i + 1] == 'c')) cap += 24;
+  char *out = malloc(cap);
+  if (out == NULL) return NULL;
+  size_t w = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (path[i] == '%' && i + 1 < n && (path[i + 1] == 'p' || path[i + 1] == 'c')) {
+      unsigned long v = path[i + 1] == 'p' ? (unsigned long)getpid() : ctx_no;
+      w += (size_t)snprintf(out + w, cap - w, "%lu", v);
+      i++;
+    } else {
+      out[w++] = path[i];
+    }
+  }
+  out[w] = '\0';
+  return out;
+}
+
+static void write_header(gpumem_context *ctx, struct gpumem__trace *t) {
+  char date[64] = "unknown";
+  time_t now = time(NULL);
+  struct tm tmv;
+  if (now != (time_t)-1 && gmtime_r(&now, &tmv) != NULL) strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+  char comm[64] = "";
+  FILE *cf = fopen("/proc/self/comm", "r");
+  if (cf != NULL) {
+    if (fgets(comm, sizeof comm, cf) == NULL) comm[0] = '\0';
+    fclose(cf);
+  }
+  comm[strcspn(comm, " \t\r\n")] = '\0';
+  fprintf(t->f,
+          "# libgpumem trace\n"
+          "# format: 'a ID SIZE STREAM [DEVICE]' (SIZE as requested, STREAM the stream handle, DEVICE absent = 0), "
+          "'f ID'\n"
+          "# libgpumem %d.%d.%d\n"
+          "# workload %s\n"
+          "# backend %s\n"
+          "# date %s\n"
+          "# pid %ld\n",
+          GPUMEM_VERSION_MAJOR, GPUMEM_VERSION_MINOR, GPUMEM_VERSION_PATCH, comm[0] ? comm : "unknown",
+          ctx->be_name, date, (long)getpid());
+  for (int d = 0; d < ctx->ndev; d++) {
+    gpumem_backend_device_info bi;
+    memset(&bi, 0, sizeof bi);
+    bi.physical_index = -1;
+    if (gpumem__be_device_info(ctx, d, &bi) != GPUMEM_OK) {
+      fprintf(t->f, "# device %d (no information)\n", d);
+      continue;
+    }
+    bi.name[sizeof bi.name - 1] = '\0';
+    bi.uuid[sizeof bi.uuid - 1] = '\0';
+    fprintf(t->f, "# device %d name \"%s\" uuid %s total_bytes %llu\n", d, bi.name, bi.uuid,
+            (unsigned long long)bi.total_bytes);
+  }
+  if (ferror(t->f)) t->write_error = errno ? errno : EIO;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Start / stop                                                            */
+
+static _Atomic unsigned long g_ctx_counter;
+
+static void mon_set(gpumem_context *ctx, unsigned bit, int on) {
+  if (on) atomic_fetch_or_explicit(&ctx->mon, bit, memory_order_relaxed);
+  else atomic_fetch_and_explicit(&ctx->mon, ~bit, memory_order_relaxed);
+}
+
+/* what: "GPUMEM_TRACE" or "gpumem_trace_start", for the log line. Called with trace_lock held. */
+static gpumem_status trace_open_locked(gpumem_context *ctx, const char *path, const char *what) {
+  if (ctx->trace != NULL) {
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "%s: a trace is already being recorded (%s)", what, ctx->trace->path);
+    return GPUMEM_ERR_BUSY;
+  }
+  size_t n = strlen(path);
+  if (n >= 3 && strcmp(path + n - 3, ".gz") == 0) {
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN,
+                "%s=%s: gzip output is not supported; record plain text and compress it afterwards", what, path);
+    return GPUMEM_ERR_NOT_SUPPORTED;
+  }
+  struct gpumem__trace *t = calloc(1, sizeof *t);
+  if (t == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  t->path = expand_path(path, atomic_fetch_add(&g_ctx_counter, 1));
+  if (t->path == NULL || map_grow(t) != 0) {
+    trace_free_struct(t);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
+  t->f = fopen(t->path, "we");
+  if (t->f == NULL) {
+    int e = errno;
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "%s=%s: cannot create the trace file: %s", what, t->path,
+                strerror(e));
+    trace_free_struct(t);
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  setvbuf(t->f, NULL, _IOFBF, 1u << 16);
+  t->next_id = 1;
+  write_header(ctx, t);
+  ctx->trace = t;
+  mon_set(ctx, GPUMEM__MON_TRACE, 1);
+  gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "recording an allocation trace into %s", t->path);
+  return GPUMEM_OK;
+}
+
+static gpumem_status trace_close_locked(gpumem_context *ctx) {
+  struct gpumem__trace *t = ctx->trace;
+  if (t == NULL) return GPUMEM_OK;
+  mon_set(ctx, GPUMEM__MON_TRACE, 0);
+  ctx->trace = NULL;
+  fprintf(t->f, "# end: %llu allocations, %llu frees, %zu live\n", (unsigned long long)t->nallocs,
+          (unsigned long long)t->nfrees, t->count);
+  if (ferror(t->f) && !t->write_error) t->write_error = errno ? errno : EIO;
+  if (fclose(t->f) != 0 && !t->write_error) t->write_error = errno ? errno : EIO;
+  gpumem_status st = GPUMEM_OK;
+  if (t->write_error) {
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "trace %s is incomplete: writing failed: %s", t->path,
+                strerror(t->write_error));
+    st = GPUMEM_ERR_INVALID_ARGUMENT;
+  } else {
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "trace %s written: %llu allocations, %llu frees", t->path,
+                (unsigned long long)t->nallocs, (unsigned long long)t->nfrees);
+  }
+  trace_free_struct(t);
+  return st;
+}
+
+gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *path) {
+  if (ctx == NULL || path == NULL || path[0] == '\0') return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem__mutex_lock(&ctx->trace_lock);
+  gpumem_status st = trace_open_locked(ctx, path, "gpumem_trace_start");
+  gpumem__mutex_unlock(&ctx->trace_lock);
+  return st;
+}
+
+gpumem_status gpumem_trace_stop(gpumem_context *ctx) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem__mutex_lock(&ctx->trace_lock);
+  gpumem_status st = trace_close_locked(ctx);
+  gpumem__mutex_unlock(&ctx->trace_lock);
+  return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Context hooks                                                           */
+
+gpumem_status gpumem__monitor_init(gpumem_context *ctx) {
+  atomic_init(&ctx->mon, 0u);
+  ctx->trace = NULL;
+  if (gpumem__mutex_init(&ctx->trace_lock) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
+  if (gpumem__be_has_annotations(ctx)) mon_set(ctx, GPUMEM__MON_ANNOTATE, 1);
+  const char *env = (ctx->opt.flags & GPUMEM_CONFIG_NO_ENV) ? NULL : getenv("GPUMEM_TRACE");
+  if (env != NULL) {
+    gpumem_status st;
+    if (env[0] == '\0') {
+      gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "GPUMEM_TRACE is set but empty: expected a file path");
+      st = GPUMEM_ERR_INVALID_ARGUMENT;
+    } else {
+      gpumem__mutex_lock(&ctx->trace_lock);
+      st = trace_open_locked(ctx, env, "GPUMEM_TRACE");
+      gpumem__mutex_unlock(&ctx->trace_lock);
+      /* every refusal at create is a bad environment value */
+      if (st == GPUMEM_ERR_NOT_SUPPORTED || st == GPUMEM_ERR_BUSY) st = GPUMEM_ERR_INVALID_ARGUMENT;
+    }
+    if (st != GPUMEM_OK) {
+      gpumem__mutex_destroy(&ctx->trace_lock);
+      return st;
+    }
+  }
+  return GPUMEM_OK;
+}
+
+void gpumem__monitor_fini(gpumem_context *ctx) {
+  gpumem__mutex_lock(&ctx->trace_lock);
+  (void)trace_close_locked(ctx);
+  gpumem__mutex_unlock(&ctx->trace_lock);
+  gpumem__mutex_destroy(&ctx->trace_lock);
+}
+
+void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream) {
+  unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
+  if (mon & GPUMEM__MON_ANNOTATE) gpumem__be_annotate_alloc(ctx, device, ptr, size);
+  if (!(mon & GPUMEM__MON_TRACE)) return;
+  gpumem__mutex_lock(&ctx->trace_lock);
+  struct gpumem__trace *t = ctx->trace;
+  if (t != NULL) {
+    uint64_t id = t->next_id++;
+    if (map_put(t, (uintptr_t)ptr, id, device) != 0) {
+      /* no host memory to remember the ID: the free will be missing from the trace */
+      if (!t->write_error) t->write_error = ENOMEM;
+    }
+    char line[96], *w = line;
+    *w++ = 'a';
+    *w++ = ' ';
+    put_u64(&w, id);
+    *w++ = ' ';
+    put_u64(&w, (uint64_t)size);
+    *w++ = ' ';
+    put_u64(&w, (uint64_t)(uintptr_t)stream);
+    if (device != 0) {
+      *w++ = ' ';
+      put_u64(&w, (uint64_t)device);
+    }
+    *w++ = '\n';
+    trace_write(t, line, (size_t)(w - line));
+    t->nallocs++;
+  }
+  gpumem__mutex_unlock(&ctx->trace_lock);
+}
+
+static void trace_free_ptr(gpumem_context *ctx, void *ptr) {
+  gpumem__mutex_lock(&ctx->trace_lock);
+  struct gpumem__trace *t = ctx->trace;
+  uint64_t id;
+  if (t != NULL && map_take(t, (uintptr_t)ptr, &id)) {
+    char line[32], *w = line;
+    *w++ = 'f';
+    *w++ = ' ';
+    put_u64(&w, id);
+    *w++ = '\n';
+    trace_write(t, line, (size_t)(w - line));
+    t->nfrees++;
+  }
+  gpumem__mutex_unlock(&ctx->trace_lock);
+}
+
+void gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+  (void)stream;
+  unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
+  if (mon & GPUMEM__MON_ANNOTATE) {
+    size_t req = 0;
+    int dev = 0;
+    if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &dev) == 0)
+      gpumem__be_annotate_free(ctx, dev, ptr, req);
+  }
+  if (mon & GPUMEM__MON_TRACE) trace_free_ptr(ctx, ptr);
+}
+
+void gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
+  unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
+  int device = gpumem__pool_device(pool);
+  if (mon & GPUMEM__MON_ANNOTATE) {
+    uint64_t count = 0, bytes = 0;
+    size_t nfirst = 0;
+    gpumem__pool_live(pool, &count, &bytes, NULL, 0, &nfirst);
+    /* a little slack for blocks handed out meanwhile (a reset racing allocations is the caller's bug anyway) */
+    size_t max = (size_t)count + 64;
+    gpumem__leak *live = calloc(max, sizeof *live);
+    if (live != NULL) {
+      count = 0;
+      nfirst = 0;
+      gpumem__pool_live(pool, &count, &bytes, live, max, &nfirst);
+      for (size_t i = 0; i < nfirst; i++)
+        gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);
+      free(live);
+    }
+  }
+  if (!(mon & GPUMEM__MON_TRACE)) return;
+  gpumem__mutex_lock(&ctx->trace_lock);
+  struct gpumem__trace *t = ctx->trace;
+  if (t != NULL) {
+    char line[64];
+    int n = snprintf(line, sizeof line, "# reset device %d\n", device);
+    trace_write(t, line, (size_t)n);
+    /* free every live ID of the device, in ID order so that the trace is reproducible */
+    size_t n_dev = 0;
+    for (size_t i = 0; i < t->cap; i++)
+      if (t->slots[i].key != 0 && t->slots[i].device == device) n_dev++;
+    trace_slot *v = n_dev ? malloc(n_dev * sizeof *v) : NULL;
+    if (n_dev != 0 && v == NULL) {
+      if (!t->write_error) t->write_error = ENOMEM;
+    } else {
+      size_t k = 0;
+      for (size_t i = 0; i < t->cap; i++)
+        if (t->slots[i].key != 0 && t->slots[i].device == device) v[k++] = t->slots[i];
+      if (n_dev > 1) qsort(v, n_dev, sizeof *v, slot_cmp_id);
+      for (k = 0; k < n_dev; k++) {
+        uint64_t id;
+        (void)map_take(t, v[k].key, &id);
+        char fl[32], *w = fl;
+        *w++ = 'f';
+        *w++ = ' ';
+        put_u64(&w, id);
+        *w++ = '\n';
+        trace_write(t, fl, (size_t)(w - fl));
+        t->nfrees++;
+      }
+      free(v);
+    }
+  }
+  gpumem__mutex_unlock(&ctx->trace_lock);
+}
