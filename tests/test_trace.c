@@ -1,0 +1,421 @@
+/* Allocation traces: gpumem_trace_start/stop and GPUMEM_TRACE. A recorded
+ * workload is parsed back and compared event by event, replayed through the
+ * library (recording the replay gives the same events), read by
+ * gpumem-replay, recorded from several threads at once, across a reset and
+ * on several devices. */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+typedef struct ev {
+  char kind;       /* 'a' or 'f' */
+  uint64_t id;
+  uint64_t size;
+  uint64_t stream;
+  int device;
+} ev;
+
+typedef struct parsed {
+  ev *e;
+  size_t n, cap;
+  int header, backend, date, device0, end;
+} parsed;
+
+static void tmp_path(char *buf, size_t n, const char *tag) {
+  const char *dir = getenv("TMPDIR");
+  snprintf(buf, n, "%s/gpumem_test_trace_%ld_%s.txt", dir && *dir ? dir : "/tmp", (long)getpid(), tag);
+}
+
+static void push(parsed *p, ev e) {
+  if (p->n == p->cap) {
+    p->cap = p->cap ? 2 * p->cap : 256;
+    p->e = realloc(p->e, p->cap * sizeof *p->e);
+    assert_non_null(p->e);
+  }
+  p->e[p->n++] = e;
+}
+
+/* Parse a trace file strictly: comment lines, 'a ID SIZE STREAM [DEVICE]', 'f ID'. */
+static parsed parse(const char *path) {
+  parsed p;
+  memset(&p, 0, sizeof p);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) fail_msg("cannot open %s", path);
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    size_t len = strlen(line);
+    assert_true(len > 0 && line[len - 1] == '\n');
+    if (line[0] == '#') {
+      if (!strcmp(line, "# libgpumem trace\n")) p.header = 1;
+      if (!strncmp(line, "# backend ", 10)) p.backend = 1;
+      if (!strncmp(line, "# date ", 7)) p.date = 1;
+      if (!strncmp(line, "# device 0 ", 11)) p.device0 = 1;
+      if (!strncmp(line, "# end: ", 7)) p.end = 1;
+      continue;
+    }
+    ev e;
+    memset(&e, 0, sizeof e);
+    unsigned long long id, size, stream;
+    int dev, consumed = 0;
+    if (line[0] == 'a') {
+      int k = sscanf(line, "a %llu %llu %llu %d%n", &id, &size, &stream, &dev, &consumed);
+      if (k == 4) {
+        assert_true(line[consumed] == '\n' && dev != 0);
+        e.device = dev;
+      } else {
+        assert_int_equal(sscanf(line, "a %llu %llu %llu%n", &id, &size, &stream, &consumed), 3);
+        assert_true(line[consumed] == '\n');
+      }
+      e.kind = 'a';
+      e.id = id;
+      e.size = size;
+      e.stream = stream;
+    } else if (line[0] == 'f') {
+      assert_int_equal(sscanf(line, "f %llu%n", &id, &consumed), 1);
+      assert_true(line[consumed] == '\n');
+      e.kind = 'f';
+      e.id = id;
+    } else {
+      fail_msg("bad trace line: %s", line);
+    }
+    push(&p, e);
+  }
+  fclose(f);
+  return p;
+}
+
+/* IDs: 'a' lines in increasing order from 1, every 'f' of a live ID, each at most once. */
+static void check_consistent(const parsed *p) {
+  uint64_t next = 1;
+  size_t nalloc = 0;
+  for (size_t i = 0; i < p->n; i++)
+    if (p->e[i].kind == 'a') nalloc++;
+  char *live = calloc(nalloc + 2, 1);
+  assert_non_null(live);
+  for (size_t i = 0; i < p->n; i++) {
+    const ev *e = &p->e[i];
+    if (e->kind == 'a') {
+      assert_true(e->id == next);
+      next++;
+      live[e->id] = 1;
+    } else {
+      assert_true(e->id >= 1 && e->id < next);
+      if (!live[e->id]) fail_msg("event %zu frees ID %llu which is not live", i, (unsigned long long)e->id);
+      live[e->id] = 0;
+    }
+  }
+  free(live);
+}
+
+/* ---------------------------------------------------------------------- */
+
+#define NOPS 3000
+#define NSLOTS 64
+
+/* A deterministic workload; fills want (the events it should produce). */
+static void workload(gpumem_context *ctx, uint64_t seed, parsed *want) {
+  void *ptr[NSLOTS] = {0};
+  uint64_t id[NSLOTS] = {0};
+  uint64_t next = 1;
+  const uint64_t streams[3] = {0, 0x1000, 0x2000};
+  for (int op = 0; op < NOPS; op++) {
+    int k = (int)tu_rand_range(&seed, 0, NSLOTS - 1);
+    if (ptr[k] == NULL) {
+      uint64_t r = tu_rand_range(&seed, 0, 9);
+      size_t size = r < 6 ? (size_t)tu_rand_range(&seed, 1, 70000)
+                          : (size_t)tu_rand_range(&seed, 1, 12 * TU_MiB); /* small and large */
+      uint64_t s = streams[tu_rand_range(&seed, 0, 2)];
+      assert_status(gpumem_alloc(ctx, 0, size, (gpumem_stream)(uintptr_t)s, &ptr[k]), GPUMEM_OK);
+      id[k] = next++;
+      if (want) push(want, (ev){'a', id[k], size, s, 0});
+    } else {
+      assert_status(gpumem_free(ctx, ptr[k], NULL), GPUMEM_OK);
+      ptr[k] = NULL;
+      if (want) push(want, (ev){'f', id[k], 0, 0, 0});
+    }
+  }
+  /* a zero-size allocation and a NULL free record nothing */
+  void *z = (void *)1;
+  assert_status(gpumem_alloc(ctx, 0, 0, NULL, &z), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, NULL, NULL), GPUMEM_OK);
+  /* an invalid free records nothing */
+  if (ptr[0] != NULL) assert_status(gpumem_free(ctx, (char *)ptr[0] + 256, NULL), GPUMEM_ERR_INVALID_POINTER);
+  /* free slots 5.. first, then 0..4 */
+  for (int k = 5; k < NSLOTS; k++)
+    if (ptr[k] != NULL) {
+      assert_status(gpumem_free(ctx, ptr[k], NULL), GPUMEM_OK);
+      if (want) push(want, (ev){'f', id[k], 0, 0, 0});
+    }
+  for (int k = 0; k < 5; k++)
+    if (ptr[k] != NULL) {
+      assert_status(gpumem_free(ctx, ptr[k], NULL), GPUMEM_OK);
+      if (want) push(want, (ev){'f', id[k], 0, 0, 0});
+    }
+}
+
+static void assert_same_events(const parsed *got, const parsed *want) {
+  assert_int_equal(got->n, want->n);
+  for (size_t i = 0; i < want->n; i++) {
+    const ev *g = &got->e[i], *w = &want->e[i];
+    if (g->kind != w->kind || g->id != w->id || g->size != w->size || g->stream != w->stream || g->device != w->device)
+      fail_msg("event %zu: got %c %llu %llu %llu, want %c %llu %llu %llu", i, g->kind, (unsigned long long)g->id,
+               (unsigned long long)g->size, (unsigned long long)g->stream, w->kind, (unsigned long long)w->id,
+               (unsigned long long)w->size, (unsigned long long)w->stream);
+  }
+}
+
+/* Replay parsed events through ctx (streams as recorded); frees everything left at the end. */
+static void replay(gpumem_context *ctx, const parsed *p) {
+  size_t nalloc = 0;
+  for (size_t i = 0; i < p->n; i++)
+    if (p->e[i].kind == 'a') nalloc++;
+  void **ptrs = calloc(nalloc + 2, sizeof *ptrs);
+  assert_non_null(ptrs);
+  for (size_t i = 0; i < p->n; i++) {
+    const ev *e = &p->e[i];
+    if (e->kind == 'a')
+      assert_status(gpumem_alloc(ctx, e->device, (size_t)e->size, (gpumem_stream)(uintptr_t)e->stream, &ptrs[e->id]),
+                    GPUMEM_OK);
+    else {
+      assert_status(gpumem_free(ctx, ptrs[e->id], NULL), GPUMEM_OK);
+      ptrs[e->id] = NULL;
+    }
+  }
+  for (size_t i = 0; i < nalloc + 2; i++)
+    if (ptrs[i] != NULL) assert_status(gpumem_free(ctx, ptrs[i], NULL), GPUMEM_OK);
+  free(ptrs);
+}
+
+static void test_round_trip(void **state) {
+  (void)state;
+  char path[512], path2[512];
+  tmp_path(path, sizeof path, "rt");
+  tmp_path(path2, sizeof path2, "rt2");
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  parsed want;
+  memset(&want, 0, sizeof want);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  assert_status(gpumem_trace_start(ctx, path2), GPUMEM_ERR_BUSY);
+  workload(ctx, 42, &want);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK); /* twice is fine */
+  parsed got = parse(path);
+  assert_true(got.header && got.backend && got.date && got.device0 && got.end);
+  check_consistent(&got);
+  assert_same_events(&got, &want);
+
+  /* replay it with the library, recording the replay: the same events */
+  gpumem_context *ctx2 = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx2, path2), GPUMEM_OK);
+  replay(ctx2, &got);
+  assert_status(gpumem_trace_stop(ctx2), GPUMEM_OK);
+  parsed again = parse(path2);
+  assert_same_events(&again, &got);
+  gpumem_stats s1 = tu_stats(ctx, 0), s2 = tu_stats(ctx2, 0);
+  assert_true(s1.num_allocs == s2.num_allocs && s1.num_frees == s2.num_frees);
+  assert_true(s1.allocated_peak == s2.allocated_peak && s1.reserved_peak == s2.reserved_peak);
+  tu_ctx_done(ctx2);
+  tu_ctx_done(ctx);
+  free(again.e);
+  free(got.e);
+  free(want.e);
+
+#ifdef GPUMEM_REPLAY_BIN
+  /* gpumem-replay reads it (plain text) */
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
+  FILE *pf = popen(cmd, "r");
+  assert_non_null(pf);
+  char out[8192];
+  size_t n = fread(out, 1, sizeof out - 1, pf);
+  out[n] = '\0';
+  int rc = pclose(pf);
+  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("gpumem-replay failed (%d):\n%s", rc, out);
+  char base[600];
+  const char *slash = strrchr(path, '/');
+  snprintf(base, sizeof base, "%s", slash ? slash + 1 : path);
+  base[22] = '\0'; /* the table's first column is 22 wide */
+  if (strstr(out, base) == NULL) fail_msg("gpumem-replay output lacks the trace:\n%s", out);
+#endif
+  unlink(path);
+  unlink(path2);
+}
+
+/* ---------------------------------------------------------------------- */
+
+static void test_env_file(void **state) {
+  (void)state;
+  char path[512];
+  tmp_path(path, sizeof path, "env2");
+  tu_setenv("GPUMEM_TRACE", path);
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  void *a, *b;
+  assert_status(gpumem_alloc(ctx, 0, 1000, (gpumem_stream)(uintptr_t)77, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2000, NULL, &b), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_ERR_BUSY);
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx); /* destroy closes the trace */
+  parsed p = parse(path);
+  assert_true(p.header && p.end);
+  parsed want;
+  memset(&want, 0, sizeof want);
+  push(&want, (ev){'a', 1, 1000, 77, 0});
+  push(&want, (ev){'a', 2, 2000, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0});
+  push(&want, (ev){'f', 2, 0, 0, 0});
+  assert_same_events(&p, &want);
+  free(p.e);
+  free(want.e);
+  unlink(path);
+
+  /* GPUMEM_CONFIG_NO_ENV: ignored */
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.flags |= GPUMEM_CONFIG_NO_ENV;
+  tu_setenv("GPUMEM_TRACE", "/nonexistent-dir-gpumem/x.txt");
+  ctx = tu_ctx_new(&cfg);
+  tu_ctx_done(ctx);
+
+  /* a bad path: INVALID_ARGUMENT, a log line naming the variable */
+  tu_log *log = tu_log_new();
+  tu_config(&cfg);
+  tu_log_install(&cfg, log, GPUMEM_LOG_WARN);
+  gpumem_context *bad = NULL;
+  assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_null(bad);
+  assert_int_equal(tu_log_count_matching(log, "GPUMEM_TRACE", "/nonexistent-dir-gpumem/x.txt", NULL), 1);
+  /* empty and .gz are refused too */
+  tu_setenv("GPUMEM_TRACE", "");
+  assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
+  tu_setenv("GPUMEM_TRACE", "/tmp/x.txt.gz");
+  assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_true(tu_log_count_matching(log, "GPUMEM_TRACE", NULL) >= 3);
+  tu_log_free(log);
+
+  /* %p and %c expand */
+  char pat[512], want_path[600];
+  const char *dir = getenv("TMPDIR");
+  snprintf(pat, sizeof pat, "%s/gpumem_test_trace_pid%%p.txt", dir && *dir ? dir : "/tmp");
+  snprintf(want_path, sizeof want_path, "%s/gpumem_test_trace_pid%ld.txt", dir && *dir ? dir : "/tmp", (long)getpid());
+  tu_setenv("GPUMEM_TRACE", pat);
+  ctx = tu_ctx_new(NULL);
+  tu_ctx_done(ctx);
+  assert_int_equal(access(want_path, R_OK), 0);
+  unlink(want_path);
+}
+
+static void test_api_errors(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(NULL, "/tmp/x"), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_trace_start(ctx, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_trace_start(ctx, ""), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_trace_start(ctx, "/nonexistent-dir-gpumem/t.txt"), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_trace_start(ctx, "/tmp/t.txt.gz"), GPUMEM_ERR_NOT_SUPPORTED);
+  assert_status(gpumem_trace_stop(NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+/* ---------------------------------------------------------------------- */
+
+typedef struct targ {
+  gpumem_context *ctx;
+  uint64_t seed;
+} targ;
+
+static void *thread_fn(void *arg) {
+  targ *t = arg;
+  void *ptr[32] = {0};
+  for (int op = 0; op < 4000; op++) {
+    int k = (int)tu_rand_range(&t->seed, 0, 31);
+    if (ptr[k] == NULL) {
+      if (gpumem_alloc(t->ctx, 0, (size_t)tu_rand_range(&t->seed, 1, 300000), (gpumem_stream)(uintptr_t)(t->seed % 3),
+                       &ptr[k]) != GPUMEM_OK)
+        return (void *)1;
+    } else {
+      if (gpumem_free(t->ctx, ptr[k], NULL) != GPUMEM_OK) return (void *)1;
+      ptr[k] = NULL;
+    }
+  }
+  for (int k = 0; k < 32; k++)
+    if (ptr[k] && gpumem_free(t->ctx, ptr[k], NULL) != GPUMEM_OK) return (void *)1;
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  char path[512];
+  tmp_path(path, sizeof path, "thr");
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  enum { NT = 6 };
+  pthread_t th[NT];
+  targ args[NT];
+  for (int i = 0; i < NT; i++) {
+    args[i] = (targ){ctx, 1000 + (uint64_t)i};
+    assert_int_equal(pthread_create(&th[i], NULL, thread_fn, &args[i]), 0);
+  }
+  for (int i = 0; i < NT; i++) {
+    void *r;
+    pthread_join(th[i], &r);
+    assert_null(r);
+  }
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  gpumem_stats s = tu_stats(ctx, 0);
+  parsed p = parse(path);
+  check_consistent(&p);
+  size_t na = 0, nf = 0;
+  for (size_t i = 0; i < p.n; i++) *(p.e[i].kind == 'a' ? &na : &nf) += 1;
+  assert_true(na == s.num_allocs && nf == s.num_frees && na == nf);
+  free(p.e);
+  tu_ctx_done(ctx);
+  unlink(path);
+}
+
+static void test_reset_and_devices(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  tu_setenv("GPUMEM_SIM_DEVICES", "2x1GiB");
+  char path[512];
+  tmp_path(path, sizeof path, "reset");
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  void *a, *b, *c, *d;
+  assert_status(gpumem_alloc(ctx, 0, 100, NULL, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 1, 200, NULL, &b), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 300, NULL, &c), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK); /* frees a and c */
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_alloc(ctx, 0, 400, NULL, &d), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, d, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  parsed p = parse(path);
+  check_consistent(&p);
+  parsed want;
+  memset(&want, 0, sizeof want);
+  push(&want, (ev){'a', 1, 100, 0, 0});
+  push(&want, (ev){'a', 2, 200, 0, 1});
+  push(&want, (ev){'a', 3, 300, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0});
+  push(&want, (ev){'f', 3, 0, 0, 0});
+  push(&want, (ev){'a', 4, 400, 0, 0});
+  push(&want, (ev){'f', 4, 0, 0, 0});
+  push(&want, (ev){'f', 2, 0, 0, 0});
+  assert_same_events(&p, &want);
+  free(p.e);
+  free(want.e);
+  tu_ctx_done(ctx);
+  unlink(path);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      TU_TEST(test_round_trip), TU_TEST(test_env_file), TU_TEST(test_api_errors),
+      TU_TEST(test_threads),    TU_TEST(test_reset_and_devices),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
