@@ -63,6 +63,17 @@
 #include <string.h>
 #include <sys/mman.h>
 
+/* valgrind client requests (annotate_alloc/annotate_free): memcheck then sees
+ * every block the pool hands out as one heap block. They cost a few
+ * instructions, and the core skips them entirely when not under valgrind. */
+#if defined(__has_include) && !defined(GPUMEM_NO_VALGRIND)
+#  if __has_include(<valgrind/valgrind.h>)
+#    include <valgrind/valgrind.h>
+#    include <valgrind/memcheck.h>
+#    define SIM_HAVE_VALGRIND 1
+#  endif
+#endif
+
 /** Most physical devices GPUMEM_SIM_DEVICES may describe. */
 #define SIM_MAX_DEVICES 64
 /** Default capacity: one device of 16 GiB. */
@@ -215,6 +226,7 @@ typedef struct sim_device { /* one visible device */
   sim_stream default_stream;
   sim_map chunks;    /* handle -> sim_chunk* */
   sim_resv *resvs;
+  sim_map poisoned;  /* under valgrind: malloc'd ptr -> 1 once made inaccessible but for announced blocks */
 } sim_device;
 
 typedef struct sim_config { /* what the environment says */
@@ -448,6 +460,7 @@ static void sim__device_release_memory(sim_device *d) {
   for (size_t i = 0; i < d->allocs.cap; i++)
     if (d->allocs.keys[i]) munmap((void *)d->allocs.keys[i], (size_t)d->allocs.vals[i]);
   sim__map_free(&d->allocs);
+  sim__map_free(&d->poisoned);
   while (d->resvs) {
     sim_resv *r = d->resvs;
     d->resvs = r->next;
@@ -489,7 +502,45 @@ static void sim__state_free(void) {
 /* ------------------------------------------------------------------------ */
 /* Vtable: lifecycle and devices                                             */
 
+#ifdef SIM_HAVE_VALGRIND
+static void sim_annotate_alloc(gpumem_backend *be, int device, void *ptr, size_t size) {
+  (void)be;
+  /* The first block announced in a piece of malloc'd memory makes the whole
+   * piece inaccessible, so that memcheck flags accesses between blocks (past
+   * a block's requested size). Memory of the sim's direct users, who announce
+   * nothing, stays accessible. */
+  pthread_mutex_lock(&g_lock);
+  int rc = 0;
+  sim_device *d = g.refs > 0 ? sim__device(device, &rc) : NULL;
+  if (d != NULL) {
+    for (size_t i = 0; i < d->allocs.cap; i++) {
+      uintptr_t base = d->allocs.keys[i], len = d->allocs.vals[i];
+      if (base == 0 || (uintptr_t)ptr < base || (uintptr_t)ptr >= base + len) continue;
+      if (sim__map_find(&d->poisoned, base) == SIZE_MAX && sim__map_put(&d->poisoned, base, 1) == 0)
+        VALGRIND_MAKE_MEM_NOACCESS((void *)base, len);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  VALGRIND_MALLOCLIKE_BLOCK(ptr, size, 0, 0); /* contents undefined, as device memory's */
+}
+
+static void sim_annotate_free(gpumem_backend *be, int device, void *ptr, size_t size) {
+  (void)be;
+  (void)device;
+  (void)size;
+  VALGRIND_FREELIKE_BLOCK(ptr, 0);
+}
+#endif
+
 static int sim_init(gpumem_backend *be) {
+#ifdef SIM_HAVE_VALGRIND
+  /* be is the core's copy: without valgrind the core skips the annotations */
+  if (be != NULL && !RUNNING_ON_VALGRIND) {
+    be->annotate_alloc = NULL;
+    be->annotate_free = NULL;
+  }
+#endif
   (void)be;
   int rc = 0;
   pthread_mutex_lock(&g_lock);
@@ -623,6 +674,8 @@ static int sim_free(gpumem_backend *be, int device, void *ptr) {
     } else {
       len = (size_t)d->allocs.vals[i];
       sim__map_del_at(&d->allocs, i);
+      size_t j = sim__map_find(&d->poisoned, (uintptr_t)ptr);
+      if (j != SIZE_MAX) sim__map_del_at(&d->poisoned, j);
       d->used -= len;
       unmap = ptr;
     }
@@ -1065,6 +1118,10 @@ const gpumem_backend gpumem__sim_backend = {
   .vm_destroy = sim_vm_destroy,
   .vm_map = sim_vm_map,
   .vm_unmap = sim_vm_unmap,
+#ifdef SIM_HAVE_VALGRIND
+  .annotate_alloc = sim_annotate_alloc,
+  .annotate_free = sim_annotate_free,
+#endif
 };
 
 /* ------------------------------------------------------------------------ */
