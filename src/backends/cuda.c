@@ -463,18 +463,186 @@ static int cuda_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) 
   return rc;
 }
 
+/* ---- annotations for compute-sanitizer (NVTX memory API) -------------------
+ *
+ * Built with GPUMEM_WITH_NVTX (the header-only NVTX 3 of the CUDA toolkit).
+ * When a tool is attached (compute-sanitizer, Nsight Systems: NVTX then
+ * returns a real domain handle), every segment from cudaMalloc (and every
+ * virtual-memory reservation) is registered as an NVTX heap used as a
+ * sub-allocator, so that the tool treats it as inaccessible except for the
+ * regions announced by annotate_alloc (a block's requested bytes) and not
+ * yet withdrawn by annotate_free. Without a tool, init clears the
+ * annotation methods in the core's copy and nothing here runs. */
+#ifdef GPUMEM_HAVE_NVTX
+#include <stdlib.h>
+
+/* NVTX's loader casts dlsym's object pointer to a function pointer (POSIX, not ISO C) */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#endif
+#include <nvtx3/nvToolsExtMem.h>
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+typedef struct gb_nvtx_heap {
+  uintptr_t base;
+  size_t size;
+  nvtxMemHeapHandle_t heap;
+} gb_nvtx_heap;
+
+static pthread_once_t g_nvtx_once = PTHREAD_ONCE_INIT;
+static nvtxDomainHandle_t g_nvtx_domain; /* NULL: no tool attached */
+static pthread_mutex_t g_nvtx_lock = PTHREAD_MUTEX_INITIALIZER;
+static gb_nvtx_heap *g_nvtx_heaps;
+static size_t g_nvtx_nheaps, g_nvtx_cap;
+
+static void gb_nvtx_init(void) { g_nvtx_domain = nvtxDomainCreateA("libgpumem"); }
+
+static void gb_nvtx_heap_add(void *ptr, size_t size) {
+  if (!g_nvtx_domain || !ptr) return;
+  nvtxMemVirtualRangeDesc_t range = {size, ptr};
+  nvtxMemHeapDesc_t desc;
+  memset(&desc, 0, sizeof desc);
+  desc.extCompatID = NVTX_EXT_COMPATID_MEM;
+  desc.structSize = (uint16_t)sizeof desc;
+  desc.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
+  desc.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  desc.typeSpecificDescSize = sizeof range;
+  desc.typeSpecificDesc = &range;
+  desc.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  desc.message.ascii = "libgpumem segment";
+  pthread_mutex_lock(&g_nvtx_lock);
+  if (g_nvtx_nheaps == g_nvtx_cap) {
+    size_t ncap = g_nvtx_cap ? 2 * g_nvtx_cap : 64;
+    gb_nvtx_heap *n = realloc(g_nvtx_heaps, ncap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&g_nvtx_lock);
+      return; /* not annotated: the tool sees the segment as one plain allocation */
+    }
+    g_nvtx_heaps = n;
+    g_nvtx_cap = ncap;
+  }
+  nvtxMemHeapHandle_t h = nvtxMemHeapRegister(g_nvtx_domain, &desc);
+  g_nvtx_heaps[g_nvtx_nheaps++] = (gb_nvtx_heap){(uintptr_t)ptr, size, h};
+  pthread_mutex_unlock(&g_nvtx_lock);
+}
+
+static void gb_nvtx_heap_remove(void *ptr) {
+  if (!g_nvtx_domain || !ptr) return;
+  pthread_mutex_lock(&g_nvtx_lock);
+  for (size_t i = 0; i < g_nvtx_nheaps; i++) {
+    if (g_nvtx_heaps[i].base != (uintptr_t)ptr) continue;
+    nvtxMemHeapUnregister(g_nvtx_domain, g_nvtx_heaps[i].heap); /* and every region in it */
+    g_nvtx_heaps[i] = g_nvtx_heaps[--g_nvtx_nheaps];
+    break;
+  }
+  pthread_mutex_unlock(&g_nvtx_lock);
+}
+
+static void cuda_annotate_alloc(gpumem_backend *be, int device, void *ptr, size_t size) {
+  (void)be;
+  (void)device;
+  if (!g_nvtx_domain) return;
+  nvtxMemHeapHandle_t heap = NULL;
+  int found = 0;
+  pthread_mutex_lock(&g_nvtx_lock);
+  for (size_t i = 0; i < g_nvtx_nheaps; i++) {
+    const gb_nvtx_heap *h = &g_nvtx_heaps[i];
+    if ((uintptr_t)ptr >= h->base && (uintptr_t)ptr < h->base + h->size) {
+      heap = h->heap;
+      found = 1;
+      break;
+    }
+  }
+  if (found) {
+    nvtxMemVirtualRangeDesc_t range = {size, ptr};
+    nvtxMemRegionsRegisterBatch_t b;
+    memset(&b, 0, sizeof b);
+    b.extCompatID = NVTX_EXT_COMPATID_MEM;
+    b.structSize = (uint16_t)sizeof b;
+    b.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    b.heap = heap;
+    b.regionCount = 1;
+    b.regionDescElementSize = sizeof range;
+    b.regionDescElements = &range;
+    nvtxMemRegionsRegister(g_nvtx_domain, &b);
+  }
+  pthread_mutex_unlock(&g_nvtx_lock);
+}
+
+static void cuda_annotate_free(gpumem_backend *be, int device, void *ptr, size_t size) {
+  (void)be;
+  (void)device;
+  (void)size;
+  if (!g_nvtx_domain) return;
+  nvtxMemRegionRef_t ref;
+  ref.pointer = ptr;
+  nvtxMemRegionsUnregisterBatch_t b;
+  memset(&b, 0, sizeof b);
+  b.extCompatID = NVTX_EXT_COMPATID_MEM;
+  b.structSize = (uint16_t)sizeof b;
+  b.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+  b.refCount = 1;
+  b.refElementSize = sizeof ref;
+  b.refElements = &ref;
+  pthread_mutex_lock(&g_nvtx_lock); /* ordered with the heap's unregistration */
+  nvtxMemRegionsUnregister(g_nvtx_domain, &b);
+  pthread_mutex_unlock(&g_nvtx_lock);
+}
+#else
+#define gb_nvtx_heap_add(ptr, size) ((void)0)
+#define gb_nvtx_heap_remove(ptr) ((void)0)
+#endif
+
+static int cuda_init(gpumem_backend *be) {
+  int rc = gb_init(be);
+#ifdef GPUMEM_HAVE_NVTX
+  if (rc == 0) pthread_once(&g_nvtx_once, gb_nvtx_init);
+  if (rc == 0 && !g_nvtx_domain && be != NULL) {
+    /* no tool attached: the core skips the annotations entirely */
+    be->annotate_alloc = NULL;
+    be->annotate_free = NULL;
+  }
+#endif
+  return rc;
+}
+
+static int cuda_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
+  int rc = gb_malloc(be, device, size, ptr);
+  if (rc == 0) gb_nvtx_heap_add(*ptr, size);
+  return rc;
+}
+
+static int cuda_free(gpumem_backend *be, int device, void *ptr) {
+  gb_nvtx_heap_remove(ptr);
+  return gb_free(be, device, ptr);
+}
+
+static int cuda_vm_reserve_annotated(gpumem_backend *be, int device, size_t size, void **va) {
+  int rc = cuda_vm_reserve(be, device, size, va);
+  if (rc == 0) gb_nvtx_heap_add(*va, size);
+  return rc;
+}
+
+static int cuda_vm_release_annotated(gpumem_backend *be, int device, void *va, size_t size) {
+  gb_nvtx_heap_remove(va);
+  return cuda_vm_release(be, device, va, size);
+}
+
 const gpumem_backend gpumem__cuda_backend = {
     .version = GPUMEM_BACKEND_VERSION,
     .struct_size = sizeof(gpumem_backend),
     .name = "cuda",
     .user_data = NULL,
-    .init = gb_init,
+    .init = cuda_init,
     .shutdown = gb_shutdown,
     .device_count = gb_device_count,
     .device_info = gb_device_info,
     .mem_get_info = gb_mem_get_info,
-    .malloc = gb_malloc,
-    .free = gb_free,
+    .malloc = cuda_malloc,
+    .free = cuda_free,
     .event_create = gb_event_create,
     .event_destroy = gb_event_destroy,
     .event_record = gb_event_record,
@@ -486,10 +654,14 @@ const gpumem_backend gpumem__cuda_backend = {
     .error_status = gb_be_error_status,
     .error_string = gb_be_error_string,
     .vm_granularity = cuda_vm_granularity,
-    .vm_reserve = cuda_vm_reserve,
-    .vm_release = cuda_vm_release,
+    .vm_reserve = cuda_vm_reserve_annotated,
+    .vm_release = cuda_vm_release_annotated,
     .vm_create = cuda_vm_create,
     .vm_destroy = cuda_vm_destroy,
     .vm_map = cuda_vm_map,
     .vm_unmap = cuda_vm_unmap,
+#ifdef GPUMEM_HAVE_NVTX
+    .annotate_alloc = cuda_annotate_alloc,
+    .annotate_free = cuda_annotate_free,
+#endif
 };
