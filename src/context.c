@@ -115,7 +115,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   }
   for (int d = 0; d < ctx->ndev; d++) {
     gpumem__pool *p = pool_get(ctx, d);
-    if (p != NULL && count > 0 && GPUMEM__MON_ON(ctx)) gpumem__monitor_reset(ctx, p);
+    if (p != NULL && count > 0 && GPUMEM__MON_ON(ctx)) gpumem__monitor_drop(ctx, p);
     if (p != NULL) gpumem__pool_destroy(p);
     atomic_store_explicit(&ctx->pools[d], NULL, memory_order_relaxed);
   }
@@ -198,7 +198,11 @@ gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_
 gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (ptr == NULL) return GPUMEM_OK;
-  if (GPUMEM__MON_ON(ctx)) gpumem__monitor_free(ctx, ptr, stream); /* before the block can be handed out again */
+  if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
+  return gpumem__free_unmonitored(ctx, ptr, stream);
+}
+
+gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   /* The pool is found through the index, and the pool removes the entry
    * under its own lock, so a concurrent reset or double free is caught. */
   for (int tries = 0; tries < 4; tries++) {
@@ -252,8 +256,7 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;
-    if (p != NULL && GPUMEM__MON_ON(ctx)) gpumem__monitor_reset(ctx, p);
-    if (p != NULL) st = gpumem__pool_reset(p);
+    if (p != NULL) st = GPUMEM__MON_ON(ctx) ? gpumem__monitor_reset(ctx, p) : gpumem__pool_reset(p);
     if (st == GPUMEM_OK && (flags & GPUMEM_RESET_DEVICE)) st = gpumem__be_device_reset(ctx, d);
     if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
   }

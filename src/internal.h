@@ -243,10 +243,14 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx);
 void gpumem__monitor_fini(gpumem_context *ctx);
 /** After a successful allocation of `size` requested bytes. */
 void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream);
-/** Before a free hands ptr back to its pool. */
-void gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
-/** Before a pool's live blocks are invalidated (gpumem_reset, gpumem_destroy with FORCE). */
-void gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool);
+/** gpumem_free of a non-NULL ptr with monitoring: annotates, calls gpumem__free_unmonitored, records. */
+gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
+/** gpumem__pool_reset with monitoring (annotations withdrawn, frees recorded; undone when the reset fails). */
+gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool);
+/** Before gpumem_destroy with FORCE destroys a pool with live blocks: withdraw their annotations. */
+void gpumem__monitor_drop(gpumem_context *ctx, gpumem__pool *pool);
+/** context.c: gpumem_free of a non-NULL ptr without the monitoring hook. */
+gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_stream stream);
 
 /**
  * \brief Check the internal invariants of every pool of ctx (block lists

@@ -356,85 +356,112 @@ void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t si
   gpumem__mutex_unlock(&ctx->trace_lock);
 }
 
-static void trace_free_ptr(gpumem_context *ctx, void *ptr) {
-  gpumem__mutex_lock(&ctx->trace_lock);
-  struct gpumem__trace *t = ctx->trace;
+static void trace_reset_locked(struct gpumem__trace *t, int device);
+
+/* Write "f ID" for ptr when the trace knows it. trace_lock held. */
+static void trace_free_locked(struct gpumem__trace *t, void *ptr) {
   uint64_t id;
-  if (t != NULL && map_take(t, (uintptr_t)ptr, &id)) {
-    char line[32], *w = line;
-    *w++ = 'f';
-    *w++ = ' ';
-    put_u64(&w, id);
-    *w++ = '\n';
-    trace_write(t, line, (size_t)(w - line));
-    t->nfrees++;
-  }
-  gpumem__mutex_unlock(&ctx->trace_lock);
+  if (t == NULL || !map_take(t, (uintptr_t)ptr, &id)) return;
+  char line[32], *w = line;
+  *w++ = 'f';
+  *w++ = ' ';
+  put_u64(&w, id);
+  *w++ = '\n';
+  trace_write(t, line, (size_t)(w - line));
+  t->nfrees++;
 }
 
-void gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
-  (void)stream;
+gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
-  if (mon & GPUMEM__MON_ANNOTATE) {
-    size_t req = 0;
-    int dev = 0;
-    if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &dev) == 0)
-      gpumem__be_annotate_free(ctx, dev, ptr, req);
+  size_t req = 0;
+  int dev = 0;
+  /* the annotation goes first: once the pool has the block, another thread may get it */
+  int annotated = (mon & GPUMEM__MON_ANNOTATE) && gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &dev) == 0;
+  if (annotated) gpumem__be_annotate_free(ctx, dev, ptr, req);
+  gpumem_status st;
+  if (mon & GPUMEM__MON_TRACE) {
+    /* the free happens under the trace lock, so that the next owner's "a" line follows this "f" line */
+    gpumem__mutex_lock(&ctx->trace_lock);
+    st = gpumem__free_unmonitored(ctx, ptr, stream);
+    if (st == GPUMEM_OK) trace_free_locked(ctx->trace, ptr);
+    gpumem__mutex_unlock(&ctx->trace_lock);
+  } else {
+    st = gpumem__free_unmonitored(ctx, ptr, stream);
   }
-  if (mon & GPUMEM__MON_TRACE) trace_free_ptr(ctx, ptr);
+  /* a failed free (backend error) leaves the block live: announce it again */
+  if (annotated && st != GPUMEM_OK && st != GPUMEM_ERR_INVALID_POINTER) gpumem__be_annotate_alloc(ctx, dev, ptr, req);
+  return st;
 }
 
-void gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
+/* The live blocks of a pool (malloc'd array, *n entries), or NULL. */
+static gpumem__leak *live_blocks(gpumem__pool *pool, size_t *n) {
+  uint64_t count = 0, bytes = 0;
+  size_t nfirst = 0;
+  gpumem__pool_live(pool, &count, &bytes, NULL, 0, &nfirst);
+  /* a little slack for blocks handed out meanwhile (a reset racing allocations is the caller's bug anyway) */
+  size_t max = (size_t)count + 64;
+  gpumem__leak *live = calloc(max, sizeof *live);
+  if (live == NULL) return NULL;
+  count = 0;
+  gpumem__pool_live(pool, &count, &bytes, live, max, &nfirst);
+  *n = nfirst;
+  return live;
+}
+
+void gpumem__monitor_drop(gpumem_context *ctx, gpumem__pool *pool) {
+  if (!(atomic_load_explicit(&ctx->mon, memory_order_relaxed) & GPUMEM__MON_ANNOTATE)) return;
+  size_t n = 0;
+  gpumem__leak *live = live_blocks(pool, &n);
+  int device = gpumem__pool_device(pool);
+  for (size_t i = 0; live != NULL && i < n; i++)
+    gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);
+  free(live);
+}
+
+gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   int device = gpumem__pool_device(pool);
+  size_t n = 0;
+  gpumem__leak *live = NULL;
   if (mon & GPUMEM__MON_ANNOTATE) {
-    uint64_t count = 0, bytes = 0;
-    size_t nfirst = 0;
-    gpumem__pool_live(pool, &count, &bytes, NULL, 0, &nfirst);
-    /* a little slack for blocks handed out meanwhile (a reset racing allocations is the caller's bug anyway) */
-    size_t max = (size_t)count + 64;
-    gpumem__leak *live = calloc(max, sizeof *live);
-    if (live != NULL) {
-      count = 0;
-      nfirst = 0;
-      gpumem__pool_live(pool, &count, &bytes, live, max, &nfirst);
-      for (size_t i = 0; i < nfirst; i++)
-        gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);
-      free(live);
-    }
+    live = live_blocks(pool, &n);
+    for (size_t i = 0; live != NULL && i < n; i++)
+      gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);
   }
-  if (!(mon & GPUMEM__MON_TRACE)) return;
-  gpumem__mutex_lock(&ctx->trace_lock);
-  struct gpumem__trace *t = ctx->trace;
-  if (t != NULL) {
-    char line[64];
-    int n = snprintf(line, sizeof line, "# reset device %d\n", device);
-    trace_write(t, line, (size_t)n);
-    /* free every live ID of the device, in ID order so that the trace is reproducible */
-    size_t n_dev = 0;
-    for (size_t i = 0; i < t->cap; i++)
-      if (t->slots[i].key != 0 && t->slots[i].device == device) n_dev++;
-    trace_slot *v = n_dev ? malloc(n_dev * sizeof *v) : NULL;
-    if (n_dev != 0 && v == NULL) {
-      if (!t->write_error) t->write_error = ENOMEM;
-    } else {
-      size_t k = 0;
-      for (size_t i = 0; i < t->cap; i++)
-        if (t->slots[i].key != 0 && t->slots[i].device == device) v[k++] = t->slots[i];
-      if (n_dev > 1) qsort(v, n_dev, sizeof *v, slot_cmp_id);
-      for (k = 0; k < n_dev; k++) {
-        uint64_t id;
-        (void)map_take(t, v[k].key, &id);
-        char fl[32], *w = fl;
-        *w++ = 'f';
-        *w++ = ' ';
-        put_u64(&w, id);
-        *w++ = '\n';
-        trace_write(t, fl, (size_t)(w - fl));
-        t->nfrees++;
-      }
-      free(v);
-    }
+  gpumem_status st;
+  if (mon & GPUMEM__MON_TRACE) {
+    gpumem__mutex_lock(&ctx->trace_lock);
+    st = gpumem__pool_reset(pool);
+    if (st == GPUMEM_OK && ctx->trace != NULL) trace_reset_locked(ctx->trace, device);
+    gpumem__mutex_unlock(&ctx->trace_lock);
+  } else {
+    st = gpumem__pool_reset(pool);
   }
-  gpumem__mutex_unlock(&ctx->trace_lock);
+  /* a reset that failed changed nothing: announce the blocks again */
+  for (size_t i = 0; st != GPUMEM_OK && live != NULL && i < n; i++)
+    gpumem__be_annotate_alloc(ctx, device, (void *)live[i].ptr, live[i].requested);
+  free(live);
+  return st;
+}
+
+/* "# reset device D" and "f ID" for every live ID of the device, in ID order. trace_lock held. */
+static void trace_reset_locked(struct gpumem__trace *t, int device) {
+  char line[64];
+  int n = snprintf(line, sizeof line, "# reset device %d\n", device);
+  trace_write(t, line, (size_t)n);
+  size_t n_dev = 0;
+  for (size_t i = 0; i < t->cap; i++)
+    if (t->slots[i].key != 0 && t->slots[i].device == device) n_dev++;
+  if (n_dev == 0) return;
+  trace_slot *v = malloc(n_dev * sizeof *v);
+  if (v == NULL) {
+    if (!t->write_error) t->write_error = ENOMEM;
+    return;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < t->cap; i++)
+    if (t->slots[i].key != 0 && t->slots[i].device == device) v[k++] = t->slots[i];
+  if (n_dev > 1) qsort(v, n_dev, sizeof *v, slot_cmp_id);
+  for (k = 0; k < n_dev; k++) trace_free_locked(t, (void *)v[k].key);
+  free(v);
 }
