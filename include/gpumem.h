@@ -154,6 +154,7 @@ typedef struct gpumem_config {
   gpumem_log_fn log_callback;  /**< receives log messages at or above `log_level`; may be NULL */
   void *log_user;              /**< user data for `log_callback` */
   gpumem_log_level log_level;  /**< minimum level logged; default ::GPUMEM_LOG_WARN; env GPUMEM_LOG (debug|info|warn|error|off, to stderr) */
+  int expandable; /**< 1: expandable virtual-memory segments where the backend supports them (default), 0: plain segments; env GPUMEM_EXPANDABLE */
 } gpumem_config;
 
 /**

@@ -3,6 +3,7 @@
  * backend code to a gpumem_status (error_status; NULL -> GPUMEM_ERR_BACKEND),
  * records the raw code and message for gpumem_last_backend_error(), and logs. */
 #include "internal.h"
+#include "vmseg.h"
 
 #include <string.h>
 
@@ -269,4 +270,41 @@ void gpumem__be_annotate_alloc(gpumem_context *ctx, int dev, void *p, size_t siz
 
 void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size) {
   ctx->be.annotate_free(&ctx->be, dev, p, size);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Virtual memory (expandable segments, vmseg.c)                           */
+
+int gpumem__be_has_vm(const gpumem_context *ctx) {
+  const gpumem_backend *be = &ctx->be;
+  return be->version >= 1 && be->vm_granularity != NULL && be->vm_reserve != NULL && be->vm_release != NULL &&
+         be->vm_create != NULL && be->vm_destroy != NULL && be->vm_map != NULL && be->vm_unmap != NULL;
+}
+
+gpumem_status gpumem__be_vm_granularity(gpumem_context *ctx, int dev, size_t *gran) {
+  GPUMEM__CALL(ctx, "vm_granularity", dev, ctx->be.vm_granularity(&ctx->be, dev, gran));
+}
+
+gpumem_status gpumem__be_vm_reserve(gpumem_context *ctx, int dev, size_t size, void **va) {
+  GPUMEM__CALL(ctx, "vm_reserve", dev, ctx->be.vm_reserve(&ctx->be, dev, size, va));
+}
+
+gpumem_status gpumem__be_vm_release(gpumem_context *ctx, int dev, void *va, size_t size) {
+  GPUMEM__CALL(ctx, "vm_release", dev, ctx->be.vm_release(&ctx->be, dev, va, size));
+}
+
+gpumem_status gpumem__be_vm_create(gpumem_context *ctx, int dev, size_t size, gpumem_phys_handle *h) {
+  GPUMEM__CALL(ctx, "vm_create", dev, ctx->be.vm_create(&ctx->be, dev, size, h));
+}
+
+gpumem_status gpumem__be_vm_destroy(gpumem_context *ctx, int dev, gpumem_phys_handle h) {
+  GPUMEM__CALL(ctx, "vm_destroy", dev, ctx->be.vm_destroy(&ctx->be, dev, h));
+}
+
+gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t size, gpumem_phys_handle h) {
+  GPUMEM__CALL(ctx, "vm_map", dev, ctx->be.vm_map(&ctx->be, dev, va, size, h));
+}
+
+gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size) {
+  GPUMEM__CALL(ctx, "vm_unmap", dev, ctx->be.vm_unmap(&ctx->be, dev, va, size));
 }

@@ -72,6 +72,7 @@ typedef struct gpumem__options {
   void *oom_user;
   gpumem__logger log;
   uint32_t flags;
+  int expandable;                /* 1: expandable virtual-memory segments where supported */
 } gpumem__options;
 
 /** Kinds of option value (how the environment string is parsed). */
@@ -81,7 +82,8 @@ typedef enum gpumem__opt_kind {
   GPUMEM__OPT_BYTES_NONE, /* bytes, or none/unlimited/inf = 0 (no limit) */
   GPUMEM__OPT_BYTES,      /* bytes only */
   GPUMEM__OPT_FRACTION,   /* a finite number in [0, 1] */
-  GPUMEM__OPT_LOG_LEVEL   /* debug|info|warn|error|off */
+  GPUMEM__OPT_LOG_LEVEL,  /* debug|info|warn|error|off */
+  GPUMEM__OPT_BOOL        /* 1|0, on|off, true|false, yes|no (an int) */
 } gpumem__opt_kind;
 
 /** One row of the option table (the single place that names options, env vars and defaults). */

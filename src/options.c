@@ -39,6 +39,8 @@ static const gpumem__option_desc gpumem__options_tab[] = {
                 "bytes preallocated on a device's first use and kept cached"),
     GPUMEM__OPT_LOG(log_level, "GPUMEM_LOG", GPUMEM__OPT_LOG_LEVEL, "warn",
                     "debug, info, warn, error or off; when set, messages go to stderr unless a log callback is installed"),
+    GPUMEM__OPT(expandable, "GPUMEM_EXPANDABLE", GPUMEM__OPT_BOOL, "1",
+                "1: expandable virtual-memory segments (physical chunks mapped on demand) where the backend supports them; 0: plain segments"),
 };
 
 const gpumem__option_desc *gpumem__options_table(size_t *count) {
@@ -136,6 +138,23 @@ static int parse_fraction(const char *s, double *out) {
   return 0;
 }
 
+static int parse_bool(const char *s, int *out) {
+  char buf[16];
+  if (s == NULL || trimmed(s, buf, sizeof buf) != 0) return -1;
+  static const char *const yes[] = {"1", "on", "true", "yes"}, *const no[] = {"0", "off", "false", "no"};
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    if (strcasecmp(buf, yes[i]) == 0) {
+      *out = 1;
+      return 0;
+    }
+    if (strcasecmp(buf, no[i]) == 0) {
+      *out = 0;
+      return 0;
+    }
+  }
+  return -1;
+}
+
 static int parse_log_level(const char *s, gpumem_log_level *out) {
   char buf[32];
   if (s == NULL || trimmed(s, buf, sizeof buf) != 0) return -1;
@@ -196,6 +215,12 @@ static int parse_option(const gpumem__option_desc *d, const char *text, void *ds
       memcpy(dst, &v, sizeof v);
       return 0;
     }
+    case GPUMEM__OPT_BOOL: {
+      int v;
+      if (parse_bool(text, &v) != 0) return -1;
+      memcpy(dst, &v, sizeof v);
+      return 0;
+    }
   }
   return -1;
 }
@@ -208,6 +233,7 @@ static const char *kind_expect(gpumem__opt_kind k) {
     case GPUMEM__OPT_BYTES: return "a byte count (e.g. 512MiB, 2G, 4096)";
     case GPUMEM__OPT_FRACTION: return "a number between 0 and 1";
     case GPUMEM__OPT_LOG_LEVEL: return "one of debug, info, warn, error, off";
+    case GPUMEM__OPT_BOOL: return "1 or 0 (on/off, true/false, yes/no)";
   }
   return "?";
 }
@@ -254,6 +280,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     GPUMEM__TAKE(log_callback);
     GPUMEM__TAKE(log_user);
     GPUMEM__TAKE(log_level);
+    GPUMEM__TAKE(expandable);
 #undef GPUMEM__TAKE
   }
 
@@ -297,6 +324,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
   o.oom_callback = cfg.oom_callback;
   o.oom_user = cfg.oom_user;
   o.flags = cfg.flags;
+  o.expandable = cfg.expandable != 0;
 
   if ((cfg.flags & GPUMEM_CONFIG_NO_ENV) == 0) {
     size_t n;

@@ -186,6 +186,14 @@ static void test_trim_free_fraction(void **state) {
   assert_int_equal(tu_ctx_live(), 0);
   tu_setenv("GPUMEM_SIM_DEVICES", "1GiB");
   gpumem_stats with, without;
+  /* expandable segments never grow while cached chunks are idle: the 150 MiB
+   * block takes the 100 MiB over (moved, not trimmed) and only 50 MiB are new */
+  tu_setenv("GPUMEM_EXPANDABLE", "1");
+  uint64_t cv = free_fraction_scenario(0.5, &with);
+  assert_true(cv < 2 * TU_MiB);
+  assert_true(with.reserved_bytes >= 150 * TU_MiB && with.reserved_bytes < 152 * TU_MiB);
+  /* plain segments: */
+  tu_setenv("GPUMEM_EXPANDABLE", "0");
   /* fraction 0.5: the growth sees free < 50 % and gives the cached 100 MiB back */
   uint64_t c1 = free_fraction_scenario(0.5, &with);
   assert_true(c1 < 100 * TU_MiB);

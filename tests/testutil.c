@@ -450,6 +450,8 @@ void tu_env_clean(void) {
     int cvd = tu_is_sim() && len == strlen("CUDA_VISIBLE_DEVICES") && strncmp(*e, "CUDA_VISIBLE_DEVICES", len) == 0;
     if (!gp && !cvd) continue;
     if (len == strlen("GPUMEM_TEST_BACKEND") && strncmp(*e, "GPUMEM_TEST_BACKEND", len) == 0) continue;
+    /* the pool mode under test (ctest runs the suite with GPUMEM_EXPANDABLE=0 and =1) */
+    if (len == strlen("GPUMEM_EXPANDABLE") && strncmp(*e, "GPUMEM_EXPANDABLE", len) == 0) continue;
     names[n] = (char *)malloc(len + 1);
     memcpy(names[n], *e, len);
     names[n][len] = '\0';

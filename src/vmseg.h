@@ -1,0 +1,111 @@
+/*
+ * vmseg.h: expandable virtual-memory segments (the granule map of a device
+ * pool). Internal to the core; pool.c is its only user.
+ *
+ * A "space" is one large address range reserved with vm_reserve. pool.c
+ * lays blocks out in it as one segment of kind SEG_VM, with the usual
+ * splitting and coalescing; this module only knows address ranges. Physical
+ * chunks of the backend's granularity (2 MiB on CUDA and sim) back the
+ * granules of a space on demand:
+ *
+ *   busy[g]  bytes of granule g covered by blocks that are live, or free but
+ *            not READY (freed on a stream whose work may still touch them).
+ *            pool.c keeps it exact with gpumem__vm_busy().
+ *   h[g]     the physical chunk mapped at g, 0 = unmapped. A granule with
+ *            busy > 0 is always mapped (gpumem__vm_commit maps it).
+ *   idle     mapped granules with busy == 0: wholly inside READY free
+ *            blocks, so nothing can touch them any more. Only these are
+ *            ever unmapped (trim, release threshold, or to move their chunk
+ *            to where a new block needs it: "remapping").
+ *   spare    chunks that are unmapped but still held (a failed destroy).
+ *
+ * Reserved bytes (gpumem_stats::reserved_bytes, and what the backend holds)
+ * = chunks held = (mapped + spare) * granularity. A chunk is created only
+ * when no idle or spare chunk is left, so memory held from the backend does
+ * not grow while any of it is idle.
+ *
+ * Not thread-safe: every call is made under the pool lock.
+ */
+#ifndef GPUMEM_VMSEG_H
+#define GPUMEM_VMSEG_H
+
+#include "internal.h"
+
+typedef struct gpumem__vmpool gpumem__vmpool;
+typedef struct gpumem__vmspace gpumem__vmspace;
+
+/* backend.c: wrappers of the optional virtual-memory methods */
+/** 1 when the backend has all seven vm_* methods. */
+int gpumem__be_has_vm(const gpumem_context *ctx);
+gpumem_status gpumem__be_vm_granularity(gpumem_context *ctx, int dev, size_t *gran);
+gpumem_status gpumem__be_vm_reserve(gpumem_context *ctx, int dev, size_t size, void **va);
+gpumem_status gpumem__be_vm_release(gpumem_context *ctx, int dev, void *va, size_t size);
+gpumem_status gpumem__be_vm_create(gpumem_context *ctx, int dev, size_t size, gpumem_phys_handle *h);
+gpumem_status gpumem__be_vm_destroy(gpumem_context *ctx, int dev, gpumem_phys_handle h);
+gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t size, gpumem_phys_handle h);
+gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size);
+
+/**
+ * The vm state of one device pool, or NULL when the pool uses plain
+ * segments: expandable is off, the backend lacks vm methods, or its
+ * granularity is unusable. `total` is the device total (sizes the spaces);
+ * `st` is the pool's statistics (reserved bytes and peak, backend allocs
+ * and frees are kept there).
+ */
+gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t total, gpumem_stats *st);
+/** Free the state; every space must be closed. */
+void gpumem__vm_pool_free(gpumem__vmpool *vp);
+size_t gpumem__vm_granularity(const gpumem__vmpool *vp);
+
+/** Reserve a space of at least min_size bytes (the default size is twice the device total). */
+gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem__vmspace **out, uintptr_t *base,
+                                    size_t *size);
+/**
+ * Unmap and destroy every chunk of the space and release its range (the
+ * caller made sure no work touches it). GPUMEM_OK when the space is gone
+ * (a chunk whose destroy failed is kept as spare, still counted, for
+ * gpumem__vm_trim to retry); on another backend error the space stays open,
+ * with what could not be unmapped still mapped and counted.
+ */
+gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs);
+/** Bytes mapped in the space. */
+uint64_t gpumem__vm_space_mapped(const gpumem__vmspace *vs);
+/** Forget every busy byte of the space (reset: every block is gone). */
+void gpumem__vm_space_clear_busy(gpumem__vmspace *vs);
+
+/** [addr, addr+size) becomes busy (delta > 0) or stops being busy (delta < 0). */
+void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta);
+/** Granules of [addr, addr+size) that are not mapped. */
+size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
+/** Bytes of spare chunks (held, unmapped). */
+uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp);
+/** Chunks available without creating one (idle + spare). */
+size_t gpumem__vm_available(const gpumem__vmpool *vp);
+
+/**
+ * Map every granule of [addr, addr+size) (already busy): with spare chunks,
+ * then idle chunks moved from elsewhere, then new chunks. `limit` caps the
+ * reserved bytes (0 = none). *grew receives 1 when a chunk was created.
+ * \return OK; LIMIT_EXCEEDED; OUT_OF_MEMORY; another backend status. On
+ * failure the granules mapped so far stay mapped (idle once the caller drops
+ * the busy bytes), so nothing leaks and a retry starts where this stopped.
+ */
+gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size, uint64_t limit, int *grew);
+
+/**
+ * Give back up to `max_bytes` of held chunks: spare ones, then idle ones
+ * (least recently idle first), unmapping and destroying them. Adds what was
+ * given back to *released. Returns the first backend error, if any.
+ */
+gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *released);
+
+/**
+ * Check the granule map against the busy bytes recomputed by the caller:
+ * call gpumem__vm_check_begin, gpumem__vm_check_add for every busy block,
+ * then gpumem__vm_check_end (returns 0 when consistent, else a message).
+ */
+int gpumem__vm_check_begin(gpumem__vmspace *vs);
+void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size);
+const char *gpumem__vm_check_end(gpumem__vmspace *vs);
+
+#endif /* GPUMEM_VMSEG_H */
