@@ -5,11 +5,14 @@
  * The entry points in context.c test one field, ctx->mon, and call in here
  * only when it is non-zero (a trace is recorded, or the backend annotates).
  *
- * Ordering: a free is annotated and written to the trace BEFORE the block
- * goes back to the pool, an allocation AFTER the pool handed it out. So when
- * another thread gets the same address next, its "a" line comes after the
- * "f" line of the previous owner, and the pointer -> ID map below never
- * confuses two owners of one address.
+ * Ordering: a free runs under the monitor lock (ctx->trace_lock) together
+ * with its annotation and its trace line; an allocation is announced and
+ * recorded under the same lock after the pool handed it out. So when another
+ * thread gets the same address next, its annotation and its "a" line come
+ * after the previous owner's, and the pointer -> ID map below never confuses
+ * two owners of one address. A free or reset that fails changes nothing.
+ * This serialises frees only while a trace is recorded or a checking tool
+ * is attached.
  *
  * Trace format (shared/traces/README.md, plus an optional DEVICE field):
  *   # comments
@@ -327,10 +330,9 @@ void gpumem__monitor_fini(gpumem_context *ctx) {
 
 void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
-  if (mon & GPUMEM__MON_ANNOTATE) gpumem__be_annotate_alloc(ctx, device, ptr, size);
-  if (!(mon & GPUMEM__MON_TRACE)) return;
   gpumem__mutex_lock(&ctx->trace_lock);
-  struct gpumem__trace *t = ctx->trace;
+  if (mon & GPUMEM__MON_ANNOTATE) gpumem__be_annotate_alloc(ctx, device, ptr, size);
+  struct gpumem__trace *t = (mon & GPUMEM__MON_TRACE) ? ctx->trace : NULL;
   if (t != NULL) {
     uint64_t id = t->next_id++;
     if (map_put(t, (uintptr_t)ptr, id, device) != 0) {
@@ -375,21 +377,18 @@ gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   size_t req = 0;
   int dev = 0;
-  /* the annotation goes first: once the pool has the block, another thread may get it */
   int annotated = (mon & GPUMEM__MON_ANNOTATE) && gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &dev) == 0;
-  if (annotated) gpumem__be_annotate_free(ctx, dev, ptr, req);
-  gpumem_status st;
-  if (mon & GPUMEM__MON_TRACE) {
-    /* the free happens under the trace lock, so that the next owner's "a" line follows this "f" line */
-    gpumem__mutex_lock(&ctx->trace_lock);
-    st = gpumem__free_unmonitored(ctx, ptr, stream);
-    if (st == GPUMEM_OK) trace_free_locked(ctx->trace, ptr);
-    gpumem__mutex_unlock(&ctx->trace_lock);
-  } else {
-    st = gpumem__free_unmonitored(ctx, ptr, stream);
+  /* The free, its annotation and its trace line happen under the monitor
+   * lock, and so do an allocation's: the next owner of the address is
+   * announced and recorded only after this free was. A free that fails
+   * changes nothing here either. */
+  gpumem__mutex_lock(&ctx->trace_lock);
+  gpumem_status st = gpumem__free_unmonitored(ctx, ptr, stream);
+  if (st == GPUMEM_OK) {
+    if (annotated) gpumem__be_annotate_free(ctx, dev, ptr, req);
+    if (mon & GPUMEM__MON_TRACE) trace_free_locked(ctx->trace, ptr);
   }
-  /* a failed free (backend error) leaves the block live: announce it again */
-  if (annotated && st != GPUMEM_OK && st != GPUMEM_ERR_INVALID_POINTER) gpumem__be_annotate_alloc(ctx, dev, ptr, req);
+  gpumem__mutex_unlock(&ctx->trace_lock);
   return st;
 }
 
@@ -421,25 +420,16 @@ void gpumem__monitor_drop(gpumem_context *ctx, gpumem__pool *pool) {
 gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   int device = gpumem__pool_device(pool);
+  gpumem__mutex_lock(&ctx->trace_lock);
   size_t n = 0;
-  gpumem__leak *live = NULL;
-  if (mon & GPUMEM__MON_ANNOTATE) {
-    live = live_blocks(pool, &n);
+  gpumem__leak *live = (mon & GPUMEM__MON_ANNOTATE) ? live_blocks(pool, &n) : NULL;
+  gpumem_status st = gpumem__pool_reset(pool);
+  if (st == GPUMEM_OK) { /* a reset that failed changed nothing */
     for (size_t i = 0; live != NULL && i < n; i++)
       gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);
+    if ((mon & GPUMEM__MON_TRACE) && ctx->trace != NULL) trace_reset_locked(ctx->trace, device);
   }
-  gpumem_status st;
-  if (mon & GPUMEM__MON_TRACE) {
-    gpumem__mutex_lock(&ctx->trace_lock);
-    st = gpumem__pool_reset(pool);
-    if (st == GPUMEM_OK && ctx->trace != NULL) trace_reset_locked(ctx->trace, device);
-    gpumem__mutex_unlock(&ctx->trace_lock);
-  } else {
-    st = gpumem__pool_reset(pool);
-  }
-  /* a reset that failed changed nothing: announce the blocks again */
-  for (size_t i = 0; st != GPUMEM_OK && live != NULL && i < n; i++)
-    gpumem__be_annotate_alloc(ctx, device, (void *)live[i].ptr, live[i].requested);
+  gpumem__mutex_unlock(&ctx->trace_lock);
   free(live);
   return st;
 }
