@@ -805,6 +805,81 @@ static size_t vm_need(const gpumem__block *b, size_t rsize) {
   return b->seg->kind == SEG_VM ? gpumem__vm_unmapped(b->seg->vm, b->addr, rsize) : 0;
 }
 
+/* 1 when a block of rsize at the end of READY block b would touch fewer
+ * granules that nothing busy touches yet than one at its start. */
+static int vm_fresh_end_better(const gpumem__block *b, size_t rsize) {
+  if (b->seg->kind != SEG_VM) return 0;
+  return gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize) <
+         gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+}
+
+/* Like take(), for a READY block of an expandable segment, but the block is
+ * cut from the end of b (which stays READY, smaller). One block must be reserved. */
+static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsize) {
+  idx_remove(p, b);
+  gpumem__block *t = block_new(p);
+  t->addr = b->addr + b->size - rsize;
+  t->size = rsize;
+  t->seg = b->seg;
+  t->prev = b;
+  t->next = b->next;
+  if (b->next != NULL) b->next->prev = t;
+  b->next = t;
+  b->size -= rsize;
+  idx_insert(p, p->ready, b);
+  gpumem__vm_busy(t->seg->vm, t->addr, rsize, +1);
+  return t;
+}
+
+/* Placement in expandable segments: among up to VM_CANDIDATES READY blocks
+ * that fit (from the request's own bucket upwards), the one whose start or
+ * end adds the fewest granules that nothing busy touches yet; ties: the
+ * smaller block, then the lower address. NULL when none fits. */
+#define VM_CANDIDATES 16
+static gpumem__block *vm_find_ready(gpumem__pool *p, size_t rsize, int rcls) {
+  gpumem__block *best = NULL;
+  size_t best_fresh = SIZE_MAX;
+  int seen = 0;
+  int cls[2] = {rcls, CLS_MIXED};
+  for (int ci = 0; ci < 2 && seen < VM_CANDIDATES; ci++) {
+    gpumem__tlsf *t = &p->ready->t[cls[ci]];
+    int fl0, sl0;
+    tlsf_map(rsize, &fl0, &sl0);
+    for (int fl = fl0; fl < TLSF_FL && seen < VM_CANDIDATES; fl++) {
+      if (((t->fl_bitmap >> fl) & 1u) == 0) continue;
+      for (int sl = fl == fl0 ? sl0 : 0; sl < TLSF_SL && seen < VM_CANDIDATES; sl++) {
+        for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
+          if (b->size < rsize) continue;
+          seen++;
+          size_t f = 0;
+          if (b->seg->kind == SEG_VM) {
+            size_t f1 = gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+            size_t f2 = gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize);
+            f = f1 < f2 ? f1 : f2;
+          }
+          if (best == NULL || f < best_fresh || (f == best_fresh && (b->size < best->size ||
+                                                                    (b->size == best->size && b->addr < best->addr)))) {
+            best = b;
+            best_fresh = f;
+          }
+        }
+      }
+    }
+  }
+  return best;
+}
+
+/* This stream's free blocks (mapped), else the best READY place. */
+static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls) {
+  gpumem__block *b = NULL;
+  if (r != NULL) {
+    b = idx_find(r->idx, rsize, rcls);
+    for (gpumem__batch *bt = r->batches; b == NULL && bt != NULL; bt = bt->snext) b = idx_find(bt->idx, rsize, rcls);
+  }
+  if (b != NULL) return b;
+  return vm_find_ready(p, rsize, rcls);
+}
+
 /* A new expandable segment for class rcls, holding at least rsize bytes; *out = its (READY) block. */
 static gpumem_status vm_seg_open(gpumem__pool *p, size_t rsize, int rcls, gpumem__block **out) {
   gpumem__segment *s = calloc(1, sizeof *s);
@@ -898,7 +973,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
   gpumem__srec *r = srec_find(p, stream);
   size_t g = gpumem__vm_granularity(p->vm);
   for (int pass = 0;; pass++) {
-    gpumem__block *b = search_cache(p, r, rsize, rcls);
+    gpumem__block *b = vm_search(p, r, rsize, rcls);
     size_t need = b != NULL ? vm_need(b, rsize) : 1;
     if (need > 0) {
       /* before mapping: completed frees become READY (their granules idle), and
@@ -908,7 +983,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
         (void)harvest(p, r, 1);
         poll_pending(p);
       }
-      b = search_cache(p, r, rsize, rcls);
+      b = vm_search(p, r, rsize, rcls);
       need = b != NULL ? vm_need(b, rsize) : 1;
     }
     size_t avail = gpumem__vm_available(p->vm);
@@ -924,7 +999,12 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       gpumem__fidx *from = b->idx;
       uint64_t held = p->st.reserved_bytes;
       int grew = 0;
-      take(p, b, rsize);
+      if (need > 0 && b->size > rsize && vm_fresh_end_better(b, rsize)) {
+        b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
+        need = vm_need(b, rsize);
+      } else {
+        take(p, b, rsize);
+      }
       if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit, &grew);
       if (st == GPUMEM_OK) {
         if (grew) check_free_fraction(p);

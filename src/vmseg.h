@@ -75,6 +75,8 @@ void gpumem__vm_space_clear_busy(gpumem__vmspace *vs);
 
 /** [addr, addr+size) becomes busy (delta > 0) or stops being busy (delta < 0). */
 void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta);
+/** Granules of [addr, addr+size) that no busy byte touches yet (what a block there adds to the footprint). */
+size_t gpumem__vm_fresh(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
 /** Granules of [addr, addr+size) that are not mapped. */
 size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
 /** Bytes of spare chunks (held, unmapped). */
