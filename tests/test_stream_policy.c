@@ -1,0 +1,287 @@
+/* Stream-handle policy: the core calls the backend with a stream handle only
+ * during a call that named that stream (an application may destroy a stream
+ * right after freeing on it), and cross-stream reuse still happens once the
+ * freeing stream's event completed. Sim only (delayed events, a wrapped vtable). */
+#include "testutil.h"
+
+#include <gpumem/backend.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* internal (src/internal.h), linked from the static library */
+gpumem_status gpumem__check_invariants(gpumem_context *ctx);
+
+#define SA ((gpumem_stream)(uintptr_t)0xA0)
+#define SB ((gpumem_stream)(uintptr_t)0xB0)
+
+static int overlaps(const void *p, size_t n, const void *q, size_t m) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return a < b + m && b < a + n;
+}
+
+/* ---------------------------------------------------------------------- */
+/* A sim vtable whose stream methods check the stream against the stream of
+ * the call in progress (set by the test, per thread). */
+
+static gpumem_backend g_wrap;
+static const gpumem_backend *g_sim;
+static _Thread_local gpumem_stream tl_cur;
+static _Thread_local int tl_in_call; /* 1: a call naming tl_cur; 0: a call naming no stream */
+static atomic_ulong g_bad, g_stream_calls;
+
+static void note(gpumem_stream s) {
+  atomic_fetch_add(&g_stream_calls, 1);
+  if (!tl_in_call || s != tl_cur) atomic_fetch_add(&g_bad, 1);
+}
+static int w_event_record(gpumem_backend *be, int dev, gpumem_event ev, gpumem_stream s) {
+  (void)be;
+  note(s);
+  return g_sim->event_record((gpumem_backend *)g_sim, dev, ev, s);
+}
+static int w_stream_synchronize(gpumem_backend *be, int dev, gpumem_stream s) {
+  (void)be;
+  note(s);
+  return g_sim->stream_synchronize((gpumem_backend *)g_sim, dev, s);
+}
+
+static gpumem_context *wrapped_ctx(void) {
+  g_sim = gpumem_builtin_backend("sim");
+  assert_non_null(g_sim);
+  g_wrap = *g_sim;
+  g_wrap.name = "sim-stream-check";
+  g_wrap.event_record = w_event_record;
+  g_wrap.stream_synchronize = w_stream_synchronize;
+  atomic_store(&g_bad, 0);
+  atomic_store(&g_stream_calls, 0);
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.backend = NULL;
+  cfg.custom_backend = &g_wrap;
+  return tu_ctx_new(&cfg);
+}
+
+/* The calls of the test, each telling the wrapper which stream it names. */
+static gpumem_status c_alloc(gpumem_context *ctx, size_t n, gpumem_stream s, void **p) {
+  tl_cur = s;
+  tl_in_call = 1;
+  gpumem_status st = gpumem_alloc(ctx, 0, n, s, p);
+  tl_in_call = 0;
+  return st;
+}
+static gpumem_status c_free(gpumem_context *ctx, void *p, gpumem_stream s) {
+  tl_cur = s;
+  tl_in_call = 1;
+  gpumem_status st = gpumem_free(ctx, p, s);
+  tl_in_call = 0;
+  return st;
+}
+
+/* ---------------------------------------------------------------------- */
+
+/* free on S records the batch event on S; S completes; an alloc on T reuses. */
+static void test_free_complete_alloc_other(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = wrapped_ctx();
+  gpumem_sim_set_delayed(1);
+  const size_t n = 12 * TU_MiB; /* a segment of its own: no remainder to serve B */
+  void *x = NULL, *q = NULL;
+  assert_status(c_alloc(ctx, n, SA, &x), GPUMEM_OK);
+  assert_status(c_free(ctx, x, SA), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  gpumem_sim_stream_complete(0, SA);
+  assert_status(c_alloc(ctx, n, SB, &q), GPUMEM_OK);
+  gpumem_stats s2 = tu_stats(ctx, 0);
+  assert_true(overlaps(x, n, q, n));
+  assert_true(s2.num_backend_allocs == s1.num_backend_allocs);
+  assert_status(c_free(ctx, q, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_true(atomic_load(&g_bad) == 0);
+  assert_true(atomic_load(&g_stream_calls) > 0);
+  tu_ctx_done(ctx);
+}
+
+/* Blocks freed on S while its batch is pending stay unbatched: T may take
+ * them only after a later call on S recorded their event and S completed. */
+static void test_unbatched_until_next_call(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = wrapped_ctx();
+  gpumem_sim_set_delayed(1);
+  const size_t n = 12 * TU_MiB, wn = 24 * TU_MiB; /* segments of their own */
+  void *x = NULL, *y = NULL, *w = NULL, *q1 = NULL, *q2 = NULL, *q3 = NULL;
+  assert_status(c_alloc(ctx, n, SA, &x), GPUMEM_OK);
+  assert_status(c_alloc(ctx, n, SA, &y), GPUMEM_OK);
+  assert_status(c_free(ctx, x, SA), GPUMEM_OK); /* batch 1 = {x}, event on A */
+  assert_status(c_free(ctx, y, SA), GPUMEM_OK); /* batch 1 pending: y unbatched */
+  /* B must not get x or y while A's work is pending */
+  assert_status(c_alloc(ctx, n, SB, &q1), GPUMEM_OK);
+  assert_false(overlaps(q1, n, x, n) || overlaps(q1, n, y, n));
+  gpumem_sim_stream_complete(0, SA);
+  /* B: batch 1 completed, x is READY */
+  assert_status(c_alloc(ctx, n, SB, &q2), GPUMEM_OK);
+  assert_true(overlaps(q2, n, x, n));
+  /* a call on A records the event covering y */
+  assert_status(c_alloc(ctx, wn, SA, &w), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  gpumem_sim_stream_complete(0, SA);
+  assert_status(c_alloc(ctx, n, SB, &q3), GPUMEM_OK);
+  gpumem_stats s2 = tu_stats(ctx, 0);
+  assert_true(overlaps(q3, n, y, n));
+  assert_true(s2.num_backend_allocs == s1.num_backend_allocs);
+  assert_status(c_free(ctx, q1, SB), GPUMEM_OK);
+  assert_status(c_free(ctx, q2, SB), GPUMEM_OK);
+  assert_status(c_free(ctx, q3, SB), GPUMEM_OK);
+  assert_status(c_free(ctx, w, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_true(atomic_load(&g_bad) == 0);
+  tu_ctx_done(ctx);
+}
+
+/* The pending batch completes without any other stream polling: every 8th
+ * call on S that finds it asks the event, then records a new one. */
+static void test_own_calls_renew_batch(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = wrapped_ctx();
+  gpumem_sim_set_delayed(1);
+  const size_t n = 12 * TU_MiB, wn = 24 * TU_MiB; /* segments of their own */
+  void *x = NULL, *y = NULL, *w = NULL, *q1 = NULL, *q2 = NULL;
+  assert_status(c_alloc(ctx, n, SA, &x), GPUMEM_OK);
+  assert_status(c_alloc(ctx, n, SA, &y), GPUMEM_OK);
+  assert_status(c_free(ctx, x, SA), GPUMEM_OK);
+  assert_status(c_free(ctx, y, SA), GPUMEM_OK);
+  gpumem_sim_stream_complete(0, SA);
+  for (int i = 0; i < 8; i++) { /* 16 calls on A, none on B */
+    assert_status(c_alloc(ctx, wn, SA, &w), GPUMEM_OK);
+    if (i < 7) assert_status(c_free(ctx, w, SA), GPUMEM_OK);
+  }
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  gpumem_sim_stream_complete(0, SA);
+  assert_status(c_alloc(ctx, n, SB, &q1), GPUMEM_OK);
+  assert_status(c_alloc(ctx, n, SB, &q2), GPUMEM_OK);
+  gpumem_stats s2 = tu_stats(ctx, 0);
+  assert_true(s2.num_backend_allocs == s1.num_backend_allocs);
+  assert_true((overlaps(q1, n, x, n) && overlaps(q2, n, y, n)) || (overlaps(q1, n, y, n) && overlaps(q2, n, x, n)));
+  assert_status(c_free(ctx, q1, SB), GPUMEM_OK);
+  assert_status(c_free(ctx, q2, SB), GPUMEM_OK);
+  assert_status(c_free(ctx, w, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_true(atomic_load(&g_bad) == 0);
+  tu_ctx_done(ctx);
+}
+
+/* Temporary streams, destroyed (never named again) after a free on them:
+ * trim and the out-of-memory path recover their blocks by device
+ * synchronisation; no backend call ever names a dead stream. */
+static void test_dead_streams(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  assert_int_equal(tu_ctx_live(), 0);
+  tu_setenv("GPUMEM_SIM_DEVICES", "256MiB");
+  gpumem_context *ctx = wrapped_ctx();
+  for (int round = 0; round < 4; round++) {
+    gpumem_stream t = (gpumem_stream)(uintptr_t)(0x1000 + 0x10 * round);
+    void *p = NULL, *q = NULL, *r = NULL;
+    assert_status(c_alloc(ctx, 64 * TU_MiB, t, &p), GPUMEM_OK);
+    assert_status(c_free(ctx, p, t), GPUMEM_OK);
+    /* t is "destroyed" here: it is never passed again */
+    assert_status(c_alloc(ctx, 128 * TU_MiB, NULL, &q), GPUMEM_OK); /* a miss: polls, never records on t */
+    assert_status(c_alloc(ctx, 64 * TU_MiB, NULL, &r), GPUMEM_OK);
+    assert_status(c_free(ctx, q, NULL), GPUMEM_OK);
+    assert_status(c_free(ctx, r, NULL), GPUMEM_OK);
+    if (round % 2 == 0) assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  }
+  /* out-of-memory path: memory freed on dead streams comes back by device synchronisation */
+  gpumem_sim_set_delayed(1);
+  for (int i = 0; i < 3; i++) {
+    gpumem_stream t = (gpumem_stream)(uintptr_t)(0x2000 + 0x10 * i);
+    void *p = NULL;
+    assert_status(c_alloc(ctx, 64 * TU_MiB, t, &p), GPUMEM_OK);
+    assert_status(c_free(ctx, p, t), GPUMEM_OK);
+  }
+  void *big = NULL;
+  assert_status(c_alloc(ctx, 200 * TU_MiB, NULL, &big), GPUMEM_OK);
+  assert_status(c_free(ctx, big, NULL), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_true(atomic_load(&g_bad) == 0);
+  tu_ctx_done(ctx);
+}
+
+/* Random multi-stream, multi-thread work (small and large sizes, trims):
+ * no stream call names a stream other than the current call's, and no
+ * block is ever handed out twice. */
+typedef struct worker_arg {
+  gpumem_context *ctx;
+  int id;
+} worker_arg;
+
+static void *worker(void *argp) {
+  worker_arg *a = argp;
+  uint64_t rng = 777 + (uint64_t)a->id;
+  enum { LIVE = 24 };
+  void *ptr[LIVE] = {0};
+  size_t sz[LIVE] = {0};
+  gpumem_stream st[LIVE] = {0};
+  for (int i = 0; i < 3000; i++) {
+    int k = (int)(tu_rand(&rng) % LIVE);
+    if (ptr[k] != NULL) {
+      if (!tu_stamp_ok(ptr[k], sz[k], (uint32_t)(a->id * 1000 + k))) return (void *)1;
+      gpumem_stream fs = (tu_rand(&rng) % 4 == 0) ? (gpumem_stream)(uintptr_t)(0x100 * (1 + tu_rand(&rng) % 6)) : st[k];
+      if (c_free(a->ctx, ptr[k], fs) != GPUMEM_OK) return (void *)1;
+      ptr[k] = NULL;
+    } else {
+      size_t n = (tu_rand(&rng) % 3 == 0) ? (size_t)tu_rand_range(&rng, 1, 12) * TU_MiB
+                                          : (size_t)tu_rand_range(&rng, 1, 256) * 1024;
+      gpumem_stream s = (gpumem_stream)(uintptr_t)(0x100 * (1 + tu_rand(&rng) % 6));
+      if (c_alloc(a->ctx, n, s, &ptr[k]) != GPUMEM_OK) return (void *)1;
+      sz[k] = n;
+      st[k] = s;
+      tu_stamp(ptr[k], n, (uint32_t)(a->id * 1000 + k));
+    }
+    if (i % 500 == 250 && a->id == 0) {
+      if (gpumem_trim(a->ctx, 0, 0, NULL) != GPUMEM_OK) return (void *)1;
+    }
+    if (i % 97 == 0) gpumem_sim_complete_all();
+  }
+  for (int k = 0; k < LIVE; k++)
+    if (ptr[k] != NULL && c_free(a->ctx, ptr[k], st[k]) != GPUMEM_OK) return (void *)1;
+  return NULL;
+}
+
+static void test_threads_streams_policy(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = wrapped_ctx();
+  gpumem_sim_set_delayed(1);
+  enum { T = 4 };
+  pthread_t th[T];
+  worker_arg args[T];
+  for (int i = 0; i < T; i++) {
+    args[i].ctx = ctx;
+    args[i].id = i;
+    assert_int_equal(pthread_create(&th[i], NULL, worker, &args[i]), 0);
+  }
+  for (int i = 0; i < T; i++) {
+    void *ret = NULL;
+    assert_int_equal(pthread_join(th[i], &ret), 0);
+    assert_null(ret);
+  }
+  gpumem_sim_complete_all();
+  gpumem_stats s = tu_stats(ctx, 0);
+  tu_assert_stats_sane(&s);
+  assert_true(s.num_live == 0 && s.allocated_bytes == 0);
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+  assert_true(atomic_load(&g_bad) == 0);
+  tu_ctx_done(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      TU_TEST(test_free_complete_alloc_other), TU_TEST(test_unbatched_until_next_call),
+      TU_TEST(test_own_calls_renew_batch),     TU_TEST(test_dead_streams),
+      TU_TEST(test_threads_streams_policy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
