@@ -38,6 +38,7 @@
  * out-of-memory callback is called with no lock held.
  */
 #include "internal.h"
+#include "vmseg.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +55,10 @@
 
 enum { CLS_SMALL = 0, CLS_LARGE = 1, CLS_MIXED = 2, CLS_COUNT = 3 };
 enum { IDX_STREAM = 0, IDX_PENDING = 1, IDX_READY = 2 };
-/* Segment kinds. Only plain backend-malloc segments so far; an expandable
- * virtual-memory kind (vm_* methods) plugs in at seg_create/seg_release. */
-enum { SEG_PLAIN = 0 };
+/* Segment kinds: plain backend-malloc segments, and expandable ones: one
+ * reserved address range whose granules are mapped on demand (vmseg.c;
+ * the glue is in "Expandable segments" below). */
+enum { SEG_PLAIN = 0, SEG_VM = 1 };
 
 /* ---------------------------------------------------------------------- */
 /* Types                                                                   */
@@ -107,6 +109,7 @@ struct gpumem__segment {
   gpumem__segment *prev, *next;   /* all segments of the pool */
   gpumem__segment *eprev, *enext; /* wholly free READY segments */
   int empty;
+  gpumem__vmspace *vm;         /* SEG_VM: its granule map */
 };
 
 struct gpumem__srec {
@@ -152,6 +155,7 @@ struct gpumem__pool {
   gpumem__fidx *ffree;
   gpumem__batch *batch_free;
   gpumem_stats st;
+  gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -171,6 +175,7 @@ size_t gpumem__block_requested(const gpumem__block *b) { return b->requested; }
 #ifdef GPUMEM_DEBUG
 static gpumem_status gpumem__pool_check_locked_(gpumem__pool *p);
 #endif
+static gpumem_status vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released);
 
 /* ---------------------------------------------------------------------- */
 /* TLSF                                                                    */
@@ -314,7 +319,7 @@ static void fidx_recycle(gpumem__pool *p, gpumem__fidx *f) {
 /* Free-index membership                                                   */
 
 static void seg_mark_empty(gpumem__pool *p, gpumem__segment *s) {
-  if (s->empty) return;
+  if (s->empty || s->kind != SEG_PLAIN) return; /* an expandable segment is given back by vm_release_idle */
   s->empty = 1;
   s->eprev = NULL;
   s->enext = p->empty;
@@ -352,6 +357,7 @@ static void idx_remove(gpumem__pool *p, gpumem__block *b) {
 
 /* Insert b (in no fidx) into f, merging with neighbours already in f. */
 static void insert_coalesce(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
+  if (f->kind == IDX_READY && b->seg->kind == SEG_VM) gpumem__vm_busy(b->seg->vm, b->addr, b->size, -1);
   gpumem__block *q = b->prev;
   if (q != NULL && q->idx == f) {
     idx_remove(p, q);
@@ -385,6 +391,7 @@ static gpumem__block *idx_find(gpumem__fidx *f, size_t rsize, int rcls) {
  * same fidx (it would have been merged with b), so no coalescing is needed. */
 static void take(gpumem__pool *p, gpumem__block *b, size_t rsize) {
   gpumem__fidx *f = b->idx;
+  if (f->kind == IDX_READY && b->seg->kind == SEG_VM) gpumem__vm_busy(b->seg->vm, b->addr, rsize, +1);
   idx_remove(p, b);
   if (b->size > rsize) {
     gpumem__block *r = block_new(p);
@@ -685,6 +692,10 @@ static gpumem_status release_empty(gpumem__pool *p, uint64_t keep, uint64_t *rel
     else if (first == GPUMEM_OK) first = st;
     s = n;
   }
+  if (p->vm != NULL) {
+    gpumem_status st = vm_release_idle(p, keep, released);
+    if (first == GPUMEM_OK) first = st;
+  }
   return first;
 }
 
@@ -783,8 +794,268 @@ static gpumem_status grow(gpumem__pool *p, size_t rsize, int rcls, int smallest_
   return st;
 }
 
+/* ---------------------------------------------------------------------- */
+/* Expandable segments (pool side; the granule map is vmseg.c)             */
+/*
+ * In this mode (p->vm != NULL) each size class gets one SEG_VM segment: a
+ * reserved range (twice the device total) laid out by the same blocks,
+ * fidx and TLSF as plain segments; the range starts as one READY block.
+ * A granule is mapped while a live or not-yet-READY block overlaps it
+ * (vmseg.c counts those "busy" bytes: take() adds them for blocks taken
+ * from READY, insert_coalesce() removes them for blocks entering READY).
+ * Free mapped granules stay mapped ("idle", cached) until a block needs a
+ * granule mapped elsewhere: then the idle chunk is moved there instead of
+ * creating one, so memory held from the backend never grows while any of
+ * it is idle. Trim and the release threshold unmap idle granules, also
+ * inside segments that still hold live blocks. Only READY memory is ever
+ * unmapped: blocks whose stream work may be pending are busy.
+ */
+
+/* Granules of [b->addr, b->addr + rsize) still to map (0 for plain segments). */
+static size_t vm_need(const gpumem__block *b, size_t rsize) {
+  return b->seg->kind == SEG_VM ? gpumem__vm_unmapped(b->seg->vm, b->addr, rsize) : 0;
+}
+
+/* 1 when a block of rsize at the end of READY block b would touch fewer
+ * granules that nothing busy touches yet than one at its start. */
+static int vm_fresh_end_better(const gpumem__block *b, size_t rsize) {
+  if (b->seg->kind != SEG_VM) return 0;
+  return gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize) <
+         gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+}
+
+/* Like take(), for a READY block of an expandable segment, but the block is
+ * cut from the end of b (which stays READY, smaller). One block must be reserved. */
+static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsize) {
+  idx_remove(p, b);
+  gpumem__block *t = block_new(p);
+  t->addr = b->addr + b->size - rsize;
+  t->size = rsize;
+  t->seg = b->seg;
+  t->prev = b;
+  t->next = b->next;
+  if (b->next != NULL) b->next->prev = t;
+  b->next = t;
+  b->size -= rsize;
+  idx_insert(p, p->ready, b);
+  gpumem__vm_busy(t->seg->vm, t->addr, rsize, +1);
+  return t;
+}
+
+/* Placement in expandable segments: among up to VM_CANDIDATES READY blocks
+ * that fit (from the request's own bucket upwards), the one whose start or
+ * end adds the fewest granules that nothing busy touches yet; ties: the
+ * smaller block, then the lower address. NULL when none fits. */
+#define VM_CANDIDATES 16
+static gpumem__block *vm_find_ready(gpumem__pool *p, size_t rsize, int rcls) {
+  gpumem__block *best = NULL;
+  size_t best_fresh = SIZE_MAX;
+  int seen = 0;
+  int cls[2] = {rcls, CLS_MIXED};
+  for (int ci = 0; ci < 2 && seen < VM_CANDIDATES; ci++) {
+    gpumem__tlsf *t = &p->ready->t[cls[ci]];
+    int fl0, sl0;
+    tlsf_map(rsize, &fl0, &sl0);
+    for (int fl = fl0; fl < TLSF_FL && seen < VM_CANDIDATES; fl++) {
+      if (((t->fl_bitmap >> fl) & 1u) == 0) continue;
+      for (int sl = fl == fl0 ? sl0 : 0; sl < TLSF_SL && seen < VM_CANDIDATES; sl++) {
+        for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
+          if (b->size < rsize) continue;
+          seen++;
+          size_t f = 0;
+          if (b->seg->kind == SEG_VM) {
+            size_t f1 = gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+            size_t f2 = gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize);
+            f = f1 < f2 ? f1 : f2;
+          }
+          if (best == NULL || f < best_fresh || (f == best_fresh && (b->size < best->size ||
+                                                                    (b->size == best->size && b->addr < best->addr)))) {
+            best = b;
+            best_fresh = f;
+          }
+        }
+      }
+    }
+  }
+  return best;
+}
+
+/* This stream's free blocks (mapped), else the best READY place. */
+static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls) {
+  gpumem__block *b = NULL;
+  if (r != NULL) {
+    b = idx_find(r->idx, rsize, rcls);
+    for (gpumem__batch *bt = r->batches; b == NULL && bt != NULL; bt = bt->snext) b = idx_find(bt->idx, rsize, rcls);
+  }
+  if (b != NULL) return b;
+  return vm_find_ready(p, rsize, rcls);
+}
+
+/* A new expandable segment for class rcls, holding at least rsize bytes; *out = its (READY) block. */
+static gpumem_status vm_seg_open(gpumem__pool *p, size_t rsize, int rcls, gpumem__block **out) {
+  gpumem__segment *s = calloc(1, sizeof *s);
+  if (s == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  uintptr_t base = 0;
+  size_t size = 0;
+  gpumem_status st = gpumem__vm_space_open(p->vm, rsize, &s->vm, &base, &size);
+  if (st != GPUMEM_OK) {
+    free(s);
+    return st;
+  }
+  gpumem__block *b = block_new(p);
+  b->addr = base;
+  b->size = size;
+  b->seg = s;
+  s->pool = p;
+  s->base = base;
+  s->size = size;
+  s->cls = rcls;
+  s->kind = SEG_VM;
+  s->head = b;
+  s->next = p->segs;
+  if (p->segs != NULL) p->segs->prev = s;
+  p->segs = s;
+  p->st.num_segments++;
+  idx_insert(p, p->ready, b);
+  *out = b;
+  return GPUMEM_OK;
+}
+
+/* Give back idle granules while cached > keep; with keep 0 also the ranges
+ * of expandable segments that are wholly free and unmapped. */
+static gpumem_status vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released) {
+  gpumem_status first = GPUMEM_OK;
+  if (cached_bytes(p) > keep) first = gpumem__vm_trim(p->vm, cached_bytes(p) - keep, released);
+  if (keep != 0) return first;
+  gpumem__segment *s = p->segs;
+  while (s != NULL) {
+    gpumem__segment *n = s->next;
+    gpumem__block *h = s->head;
+    if (s->kind == SEG_VM && h->next == NULL && h->idx == p->ready && gpumem__vm_space_mapped(s->vm) == 0) {
+      gpumem_status st = gpumem__vm_space_close(s->vm);
+      if (st == GPUMEM_OK) {
+        idx_remove(p, h);
+        block_free(p, h);
+        seg_unlink(p, s);
+        p->st.num_segments--;
+        free(s);
+      } else if (first == GPUMEM_OK) {
+        first = st;
+      }
+    }
+    s = n;
+  }
+  return first;
+}
+
+/* Reset/destroy: every block is being dropped; unmap and destroy every chunk
+ * and release the ranges. A segment that cannot be given back stays (with
+ * what is still mapped counted) and the first error is returned. */
+static gpumem_status vm_clear(gpumem__pool *p) {
+  gpumem_status first = GPUMEM_OK;
+  gpumem__segment *s = p->segs;
+  while (s != NULL) {
+    gpumem__segment *n = s->next;
+    if (s->kind == SEG_VM) {
+      gpumem__vm_space_clear_busy(s->vm);
+      gpumem_status st = gpumem__vm_space_close(s->vm);
+      if (st == GPUMEM_OK) {
+        seg_unlink(p, s);
+        p->st.num_segments--;
+        free(s);
+      } else if (first == GPUMEM_OK) {
+        first = st;
+      }
+    }
+    s = n;
+  }
+  uint64_t rel = 0;
+  gpumem_status st = gpumem__vm_trim(p->vm, UINT64_MAX, &rel); /* spare chunks, and a second try */
+  if (first == GPUMEM_OK) first = st;
+  return first;
+}
+
+/* The allocation path in expandable mode. The block comes from the cache
+ * as in plain mode (this stream's free blocks, then READY; the segment's
+ * READY tail always fits); then its unmapped granules get chunks. */
+static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream,
+                                     gpumem__block **out) {
+  if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
+  gpumem__srec *r = srec_find(p, stream);
+  size_t g = gpumem__vm_granularity(p->vm);
+  for (int pass = 0;; pass++) {
+    gpumem__block *b = vm_search(p, r, rsize, rcls);
+    size_t need = b != NULL ? vm_need(b, rsize) : 1;
+    if (need > 0) {
+      /* before mapping: completed frees become READY (their granules idle), and
+       * this stream's unbatched frees get their event (this call names the stream) */
+      if (p->npending > 0) poll_pending(p);
+      if (r != NULL && r->batches == NULL && r->idx->nblocks > 0 && p->ctx->has_events) {
+        (void)harvest(p, r, 1);
+        poll_pending(p);
+      }
+      b = vm_search(p, r, rsize, rcls);
+      need = b != NULL ? vm_need(b, rsize) : 1;
+    }
+    size_t avail = gpumem__vm_available(p->vm);
+    if (b == NULL) {
+      gpumem_status st = vm_seg_open(p, rsize, rcls, &b);
+      if (st != GPUMEM_OK) return st;
+      need = vm_need(b, rsize);
+    }
+    gpumem_status st = GPUMEM_OK;
+    if (need > avail && p->limit != 0 && p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->limit) {
+      st = GPUMEM_ERR_LIMIT_EXCEEDED; /* refused before anything is mapped */
+    } else {
+      gpumem__fidx *from = b->idx;
+      uint64_t held = p->st.reserved_bytes;
+      int grew = 0;
+      if (need > 0 && b->size > rsize && vm_fresh_end_better(b, rsize)) {
+        b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
+        need = vm_need(b, rsize);
+      } else {
+        take(p, b, rsize);
+      }
+      if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit, &grew);
+      if (st == GPUMEM_OK) {
+        if (grew) check_free_fraction(p);
+        *out = b;
+        return GPUMEM_OK;
+      }
+      /* undo: the block goes back where it came from; chunks created for it are given back */
+      insert_coalesce(p, from, b);
+      if (p->st.reserved_bytes > held) {
+        uint64_t rel = 0;
+        (void)gpumem__vm_trim(p->vm, p->st.reserved_bytes - held, &rel);
+      }
+    }
+    if ((st != GPUMEM_ERR_OUT_OF_MEMORY && st != GPUMEM_ERR_LIMIT_EXCEEDED) || pass > 0) return st;
+    /* slow path: wait for every pending free, give back what is cached, retry once */
+    sync_all(p);
+    if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
+      p->st.num_oom_retries++;
+      uint64_t rel = 0;
+      (void)release_empty(p, 0, &rel);
+      count_trim(p, rel, "out-of-memory retry");
+    }
+    r = srec_find(p, stream);
+  }
+}
+
+static gpumem_status vm_check_seg(gpumem__pool *p, gpumem__segment *s) {
+  if (gpumem__vm_check_begin(s->vm) != 0) return GPUMEM_OK; /* no host memory to check with */
+  for (gpumem__block *b = s->head; b != NULL; b = b->next)
+    if (b->idx == NULL || b->idx->kind != IDX_READY) gpumem__vm_check_add(s->vm, b->addr, b->size);
+  const char *why = gpumem__vm_check_end(s->vm);
+  if (why == NULL) return GPUMEM_OK;
+  LOG(p, GPUMEM_LOG_ERROR, "invariant violated (device %d): expandable segment at %p: %s", p->device,
+      (void *)s->base, why);
+  return GPUMEM_ERR_INTERNAL;
+}
+
 /* One allocation attempt under the pool lock, with all the fallbacks except the OOM callback. */
 static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream, gpumem__block **out) {
+  if (p->vm != NULL) return vm_alloc_locked(p, rsize, rcls, stream, out);
   if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
   gpumem__srec *r = srec_find(p, stream);
   if (r != NULL) stream_touch(p, r); /* this call names the stream: its unbatched frees get their event */
@@ -1024,15 +1295,16 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     p->slabs = n;
   }
   p->bfree = NULL;
-  /* 4. give the segments back */
-  gpumem_status first = GPUMEM_OK;
+  /* 4. give the segments back (expandable ones first, while the stats still count their chunks) */
+  gpumem_status vmst = p->vm != NULL ? vm_clear(p) : GPUMEM_OK;
+  gpumem_status first = vmst;
   gpumem__segment *s = p->segs;
   p->segs = NULL;
-  p->st.reserved_bytes = 0;
+  p->st.reserved_bytes = p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0; /* held chunks vm_clear could not destroy */
   p->st.num_segments = 0;
   while (s != NULL) {
     gpumem__segment *n = s->next;
-    gpumem_status st = gpumem__be_free(ctx, p->device, (void *)s->base);
+    gpumem_status st = s->kind == SEG_VM ? vmst : gpumem__be_free(ctx, p->device, (void *)s->base);
     if (st == GPUMEM_OK) {
       p->st.num_backend_frees++;
       free(s);
@@ -1051,7 +1323,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
         s->next = p->segs;
         if (p->segs != NULL) p->segs->prev = s;
         p->segs = s;
-        p->st.reserved_bytes += s->size;
+        p->st.reserved_bytes += s->kind == SEG_VM ? gpumem__vm_space_mapped(s->vm) : s->size;
         p->st.num_segments++;
         idx_insert(p, p->ready, b);
       }
@@ -1149,6 +1421,7 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
   fidx_clear(p->ready, IDX_READY);
+  p->vm = gpumem__vm_pool_new(ctx, device, p->total, &p->st);
 
   uint64_t init = ctx->opt.initial_bytes;
   if (init > 0) {
@@ -1183,7 +1456,9 @@ void gpumem__pool_destroy(gpumem__pool *p) {
     gpumem__segment *s = p->segs;
     while (s != NULL) {
       gpumem__segment *n = s->next;
-      if (gpumem__be_free(p->ctx, p->device, (void *)s->base) == GPUMEM_OK) p->st.num_backend_frees++;
+      if (s->kind == SEG_VM ? gpumem__vm_space_close(s->vm) == GPUMEM_OK
+                            : gpumem__be_free(p->ctx, p->device, (void *)s->base) == GPUMEM_OK)
+        p->st.num_backend_frees++;
       else LOG(p, GPUMEM_LOG_ERROR, "device %d: segment %p (%zu bytes) could not be given back", p->device, (void *)s->base, s->size);
       free(s);
       s = n;
@@ -1199,6 +1474,7 @@ void gpumem__pool_destroy(gpumem__pool *p) {
   free(p->stab);
   free(p->evcache);
   free(p->ready);
+  gpumem__vm_pool_free(p->vm);
   gpumem__mutex_destroy(&p->lock);
   free(p);
 }
@@ -1271,10 +1547,11 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
       at += b->size;
     }
     CHECK(at == s->base + s->size);
-    int whole = s->head->next == NULL && s->head->idx == p->ready;
+    int whole = s->kind == SEG_PLAIN && s->head->next == NULL && s->head->idx == p->ready;
     CHECK(whole == s->empty);
     if (s->empty) empty_bytes += s->size;
-    reserved += s->size;
+    reserved += s->kind == SEG_VM ? gpumem__vm_space_mapped(s->vm) : s->size;
+    if (s->kind == SEG_VM && vm_check_seg(p, s) != GPUMEM_OK) return GPUMEM_ERR_INTERNAL;
     nseg++;
   }
   size_t empties = 0;
@@ -1308,7 +1585,7 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
   }
   CHECK(nb == p->npending);
   CHECK(seen == free_blocks);
-  CHECK(reserved == p->st.reserved_bytes);
+  CHECK(reserved + (p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0) == p->st.reserved_bytes);
   CHECK(allocated == p->st.allocated_bytes);
   CHECK(requested == p->st.requested_bytes);
   CHECK(live == p->st.num_live);
