@@ -57,6 +57,8 @@ static gpumem_context *wrapped_ctx(void) {
   tu_config(&cfg);
   cfg.backend = NULL;
   cfg.custom_backend = &g_wrap;
+  cfg.expandable = 0; /* plain segments: the address checks below assume one segment per large block */
+  cfg.flags |= GPUMEM_CONFIG_NO_ENV; /* whatever GPUMEM_EXPANDABLE says */
   return tu_ctx_new(&cfg);
 }
 
