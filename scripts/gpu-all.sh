@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Everything GPU-related in one command for the device machine (one lease):
+#   suite   scripts/gpu-suite.sh   (build, tests/gpu, CUDA_VISIBLE_DEVICES variants, probe, hw suite)
+#   nvtx    compute-sanitizer memcheck with NVTX annotations on a planted out-of-bounds write
+#   replay  scripts/gpu-bench.sh build info replay   (the traces through the cuda backend)
+#   bench   scripts/gpu-bench.sh bench               (libgpumem vs cudaMalloc vs cudaMallocAsync vs PyTorch)
+#   python  scripts/gpu-python.sh                    (pytest on cuda, ResNet-18 loss match, trim, CuPy)
+# Usage: bash scripts/gpu-all.sh [part...]   (default: suite nvtx replay bench python)
+# Each part gets a time limit; parts are skipped once DEADLINE seconds (default 560) are used.
+# All logs are packed into $OUT/gpu-logs.tgz; $OUT/summary.txt has each part's status.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+FINAL=${OUT:-$ROOT/gpu-all-out}
+W=$(mktemp -d /tmp/gpu-all.XXXX)
+DEADLINE=${DEADLINE:-560}
+PARTS=" ${*:-suite nvtx replay bench python} "
+export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
+mkdir -p "$FINAL"
+S=$FINAL/summary.txt
+: >"$S"
+want() { [[ "$PARTS" == *" $1 "* ]]; }
+part() { # part NAME LIMIT CMD...
+  local name=$1 limit=$2; shift 2
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 20 ]; then echo "part $name: SKIPPED (deadline)" | tee -a "$S"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$W/$name.out" 2>&1
+  local rc=$?
+  echo "part $name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$S"
+}
+nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,driver_version --format=csv >"$W/nvidia-smi.txt" 2>&1
+cat "$W/nvidia-smi.txt" >>"$S"
+want suite && part suite 300 env OUT="$W/suite" bash scripts/gpu-suite.sh
+if want nvtx; then
+  nvtx() {
+    cmake -S . -B build-nvtx -G Ninja -DGPUMEM_WITH_CUDA=ON -DGPUMEM_WITH_NVTX=ON -DGPUMEM_BUILD_TESTS=ON \
+      -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_BUILD_TOOLS=OFF "${NVTX_CMAKE_ARGS[@]}" >/dev/null && ninja -C build-nvtx gpu_nvtx_oob || return 1
+    echo "--- planted out-of-bounds write (expect 1 error, rc=9)"
+    compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob; echo "rc=$?"
+    echo "--- clean run (expect 0 errors, rc=0)"
+    compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob clean; echo "rc=$?"
+  }
+  NVTX_CMAKE_ARGS=()
+  P=$ROOT/.gpu/cmocka/root
+  if [ -d "$P" ]; then
+    LIBDIR=$(dirname "$(find "$P" -name 'libcmocka.so*' | head -1)")
+    NVTX_CMAKE_ARGS=(-DCMOCKA_INCLUDE_DIR="$P/usr/include" -DCMOCKA_LIBRARY="$LIBDIR/libcmocka.so.0")
+  fi
+  export -f nvtx; export NVTX_CMAKE_ARGS
+  part nvtx 120 bash -c "NVTX_CMAKE_ARGS=(${NVTX_CMAKE_ARGS[*]}); $(declare -f nvtx); nvtx"
+fi
+want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
+want bench && part bench 240 env OUT="$W/bench2" BUILD=build-gpu-bench REPEAT=${REPEAT:-5} bash scripts/gpu-bench.sh bench
+want python && part python 200 env OUT="$W/python" bash scripts/gpu-python.sh
+tar czf "$FINAL/gpu-logs.tgz" -C "$W" . 2>/dev/null
+for f in "$W"/*/summary.txt; do echo "=== $f"; cat "$f"; done >>"$S"
+cat "$S"
