@@ -33,24 +33,23 @@ part() { # part NAME LIMIT CMD...
 nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,driver_version --format=csv >"$W/nvidia-smi.txt" 2>&1
 cat "$W/nvidia-smi.txt" >>"$S"
 want suite && part suite 300 env OUT="$W/suite" bash scripts/gpu-suite.sh
-if want nvtx; then
-  nvtx() {
-    cmake -S . -B build-nvtx -G Ninja -DGPUMEM_WITH_CUDA=ON -DGPUMEM_WITH_NVTX=ON -DGPUMEM_BUILD_TESTS=ON \
-      -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_BUILD_TOOLS=OFF "${NVTX_CMAKE_ARGS[@]}" >/dev/null && ninja -C build-nvtx gpu_nvtx_oob || return 1
-    echo "--- planted out-of-bounds write (expect 1 error, rc=9)"
-    compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob; echo "rc=$?"
-    echo "--- clean run (expect 0 errors, rc=0)"
-    compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob clean; echo "rc=$?"
-  }
-  NVTX_CMAKE_ARGS=()
-  P=$ROOT/.gpu/cmocka/root
+nvtx() {
+  local args=""
+  local P=$ROOT/.gpu/cmocka/root
   if [ -d "$P" ]; then
-    LIBDIR=$(dirname "$(find "$P" -name 'libcmocka.so*' | head -1)")
-    NVTX_CMAKE_ARGS=(-DCMOCKA_INCLUDE_DIR="$P/usr/include" -DCMOCKA_LIBRARY="$LIBDIR/libcmocka.so.0")
+    local LIBDIR; LIBDIR=$(dirname "$(find "$P" -name 'libcmocka.so*' | head -1)")
+    args="-DCMOCKA_INCLUDE_DIR=$P/usr/include -DCMOCKA_LIBRARY=$LIBDIR/libcmocka.so.0"
   fi
-  export -f nvtx; export NVTX_CMAKE_ARGS
-  part nvtx 120 bash -c "NVTX_CMAKE_ARGS=(${NVTX_CMAKE_ARGS[*]}); $(declare -f nvtx); nvtx"
-fi
+  # shellcheck disable=SC2086
+  cmake -S . -B build-nvtx -G Ninja -DGPUMEM_WITH_CUDA=ON -DGPUMEM_WITH_NVTX=ON -DGPUMEM_BUILD_TESTS=ON \
+    -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_BUILD_TOOLS=OFF $args >/dev/null && ninja -C build-nvtx gpu_nvtx_oob || return 1
+  echo "--- planted out-of-bounds write (expect 1 error, rc=9)"
+  compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob; echo "rc=$?"
+  echo "--- clean run (expect 0 errors, rc=0)"
+  compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob clean; echo "rc=$?"
+}
+export -f nvtx; export ROOT
+want nvtx && part nvtx 120 bash -c nvtx
 want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
 want bench && part bench 240 env OUT="$W/bench2" BUILD=build-gpu-bench REPEAT=${REPEAT:-5} bash scripts/gpu-bench.sh bench
 want python && part python 200 env OUT="$W/python" bash scripts/gpu-python.sh
