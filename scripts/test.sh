@@ -4,7 +4,10 @@
 #   2. warnings-as-errors build with every backend that is found (CUDA, HIP, sim),
 #      then every ctest test: C (cmocka), C++, Fortran, Python (pytest), examples
 #      (incl. mpirun -np 2), install + external consumers, backend no-GPU probes
-#   3. the suite again under ASan+UBSan, and the threaded tests under TSan
+#   3. the suite again under ASan+UBSan, and the threaded tests (and a 3 s soak) under TSan;
+#      with clang: the suite under ASan+UBSan+unsigned-integer-overflow, and fuzz_ops
+#      (libFuzzer) for GPUMEM_FUZZ_SECONDS (60) on fuzz/corpus
+#   (GPUMEM_TEST_VALGRIND=1: scripts/valgrind.sh, memcheck over every sim test)
 #   4. the Doxygen docs with warnings as errors
 # Environment: JOBS (default nproc), GPUMEM_TEST_SKIP_SANITIZERS=1 to skip step 3.
 set -euo pipefail
@@ -38,6 +41,35 @@ if [ "${GPUMEM_TEST_SKIP_SANITIZERS:-0}" != 1 ]; then
   ninja -C build/tsan -j "$JOBS"
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build/tsan -j "$JOBS" -L threads --output-on-failure
+  # the soak (3 s) under TSan too: threads, devices, resets, cross-thread frees
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 GPUMEM_SOAK_SECONDS=3 build/tsan/tests/test_soak
+
+  if command -v clang >/dev/null; then
+    step "clang ASan + UBSan + unsigned-integer-overflow (library size arithmetic; fuzz/ubsan-ignore.txt)"
+    CC=clang CXX=clang++ cmake -S . -B build/clang-ubsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGPUMEM_WERROR=ON \
+      -DGPUMEM_SANITIZE=address,undefined -DGPUMEM_DEBUG_CHECKS=ON -DGPUMEM_WITH_CUDA=OFF -DGPUMEM_WITH_HIP=OFF \
+      -DGPUMEM_BUILD_EXAMPLES=OFF \
+      -DCMAKE_C_FLAGS="-fsanitize=unsigned-integer-overflow -fsanitize-ignorelist=$PWD/fuzz/ubsan-ignore.txt" >/dev/null
+    ninja -C build/clang-ubsan -j "$JOBS"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir build/clang-ubsan -j "$JOBS" -L sim -LE python --output-on-failure
+
+    step "libFuzzer: fuzz_ops on the seed corpus, ${GPUMEM_FUZZ_SECONDS:-60} s"
+    CC=clang cmake -S fuzz -B build/fuzz -G Ninja >/dev/null
+    ninja -C build/fuzz fuzz_ops
+    rm -rf build/fuzz/corpus && cp -r fuzz/corpus build/fuzz/corpus
+    if ! build/fuzz/fuzz_ops -max_total_time="${GPUMEM_FUZZ_SECONDS:-60}" -len_control=0 -max_len=2048 \
+         -artifact_prefix=build/fuzz/ build/fuzz/corpus >build/fuzz/fuzz.log 2>&1; then
+      tail -n 60 build/fuzz/fuzz.log
+      echo "fuzz_ops found a failure; the input is build/fuzz/crash-*; replay: FUZZ_OPS_TRACE=1 build/fuzz/fuzz_ops build/fuzz/crash-*"
+      exit 1
+    fi
+    grep -E '^(Done|fuzz_ops:)' build/fuzz/fuzz.log
+  fi
+fi
+if [ "${GPUMEM_TEST_VALGRIND:-0}" = 1 ]; then
+  step "valgrind memcheck (sim tests)"
+  ./scripts/valgrind.sh
 fi
 
 if grep -q 'docs target ON' build/ci.configure.log; then
