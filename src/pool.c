@@ -842,18 +842,18 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
   return t;
 }
 
-/* Placement in expandable segments: among up to VM_CANDIDATES READY blocks
- * that fit (from the request's own bucket upwards), the one whose start or
- * end adds the fewest granules that nothing busy touches yet; ties: the
- * smaller block, then the lower address. NULL when none fits. */
+/* Placement in expandable segments: among up to VM_CANDIDATES free blocks
+ * of each searched fidx that fit (from the request's own bucket upwards),
+ * the one whose start (or, for READY blocks, end) adds the fewest granules
+ * that nothing busy touches yet; ties: the smaller block, then the lower
+ * address. This stream's own free blocks are busy, so they score well. */
 #define VM_CANDIDATES 16
-static gpumem__block *vm_find_ready(gpumem__pool *p, size_t rsize, int rcls) {
-  gpumem__block *best = NULL;
-  size_t best_fresh = SIZE_MAX;
+static void vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **best, size_t *best_fresh) {
+  if (f == NULL || f->nblocks == 0) return;
   int seen = 0;
   int cls[2] = {rcls, CLS_MIXED};
   for (int ci = 0; ci < 2 && seen < VM_CANDIDATES; ci++) {
-    gpumem__tlsf *t = &p->ready->t[cls[ci]];
+    gpumem__tlsf *t = &f->t[cls[ci]];
     int fl0, sl0;
     tlsf_map(rsize, &fl0, &sl0);
     for (int fl = fl0; fl < TLSF_FL && seen < VM_CANDIDATES; fl++) {
@@ -862,33 +862,36 @@ static gpumem__block *vm_find_ready(gpumem__pool *p, size_t rsize, int rcls) {
         for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
           if (b->size < rsize) continue;
           seen++;
-          size_t f = 0;
+          size_t fr = 0;
           if (b->seg->kind == SEG_VM) {
-            size_t f1 = gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
-            size_t f2 = gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize);
-            f = f1 < f2 ? f1 : f2;
+            fr = gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+            if (f->kind == IDX_READY) {
+              size_t f2 = gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize);
+              if (f2 < fr) fr = f2;
+            }
           }
-          if (best == NULL || f < best_fresh || (f == best_fresh && (b->size < best->size ||
-                                                                    (b->size == best->size && b->addr < best->addr)))) {
-            best = b;
-            best_fresh = f;
+          gpumem__block *c = *best;
+          if (c == NULL || fr < *best_fresh ||
+              (fr == *best_fresh && (b->size < c->size || (b->size == c->size && b->addr < c->addr)))) {
+            *best = b;
+            *best_fresh = fr;
           }
         }
       }
     }
   }
-  return best;
 }
 
-/* This stream's free blocks (mapped), else the best READY place. */
+/* The best place among this stream's free blocks (mapped) and READY ones. */
 static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls) {
   gpumem__block *b = NULL;
+  size_t fresh = SIZE_MAX;
   if (r != NULL) {
-    b = idx_find(r->idx, rsize, rcls);
-    for (gpumem__batch *bt = r->batches; b == NULL && bt != NULL; bt = bt->snext) b = idx_find(bt->idx, rsize, rcls);
+    vm_consider(r->idx, rsize, rcls, &b, &fresh);
+    for (gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) vm_consider(bt->idx, rsize, rcls, &b, &fresh);
   }
-  if (b != NULL) return b;
-  return vm_find_ready(p, rsize, rcls);
+  vm_consider(p->ready, rsize, rcls, &b, &fresh);
+  return b;
 }
 
 /* A new expandable segment for class rcls, holding at least rsize bytes; *out = its (READY) block. */
@@ -986,9 +989,11 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
   for (int pass = 0;; pass++) {
     gpumem__block *b = vm_search(p, r, rsize, rcls);
     size_t need = b != NULL ? vm_need(b, rsize) : 1;
-    if (need > 0) {
-      /* before mapping: completed frees become READY (their granules idle), and
-       * this stream's unbatched frees get their event (this call names the stream) */
+    if (need > 0 || (b != NULL && b->idx != p->ready)) {
+      /* before mapping, or before settling for a free block of this stream's
+       * own (placed where it was freed): completed frees become READY (their
+       * granules idle, their space placeable anywhere), and this stream's
+       * unbatched frees get their event (this call names the stream) */
       if (p->npending > 0) poll_pending(p);
       if (r != NULL && r->batches == NULL && r->idx->nblocks > 0 && p->ctx->has_events) {
         (void)harvest(p, r, 1);
@@ -1010,7 +1015,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       gpumem__fidx *from = b->idx;
       uint64_t held = p->st.reserved_bytes;
       int grew = 0;
-      if (need > 0 && b->size > rsize && vm_fresh_end_better(b, rsize)) {
+      if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
         b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
         need = vm_need(b, rsize);
       } else {

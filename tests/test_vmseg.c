@@ -1,0 +1,351 @@
+/* Expandable virtual-memory segments (src/vmseg.c) on the sim backend:
+ * granule bookkeeping, trimming and the release threshold inside segments
+ * that still hold live blocks, the out-of-memory retry, no unmapping of
+ * memory with pending stream work, fault injection into vm calls, and the
+ * GPUMEM_EXPANDABLE switch. */
+#include "testutil.h"
+
+/* internal (src/internal.h), linked from the static library */
+gpumem_status gpumem__check_invariants(gpumem_context *ctx);
+
+#define GRAN (2 * TU_MiB)
+#define SA ((gpumem_stream)(uintptr_t)0xA0)
+#define SB ((gpumem_stream)(uintptr_t)0xB0)
+
+static gpumem_context *vm_ctx(gpumem_config *cfg) {
+  gpumem_config def;
+  if (cfg == NULL) {
+    tu_config(&def);
+    cfg = &def;
+  }
+  tu_setenv("GPUMEM_EXPANDABLE", "1");
+  return tu_ctx_new(cfg);
+}
+
+/* What the sim holds is exactly the reserved bytes, a whole number of granules, and the pool is consistent. */
+static void assert_held_exact(gpumem_context *ctx) {
+  gpumem_stats s = tu_stats(ctx, 0);
+  tu_assert_stats_sane(&s);
+  uint64_t used = tu_sim_used(0);
+  if (used != s.reserved_bytes || used % GRAN != 0) {
+    print_error("sim used %llu, reserved %llu\n", (unsigned long long)used, (unsigned long long)s.reserved_bytes);
+    fail();
+  }
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+}
+
+static void test_granule_bookkeeping(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = vm_ctx(NULL);
+  enum { N = 64 };
+  void *p[N] = {0};
+  size_t n[N] = {0};
+  uint64_t rng = 12345;
+  for (int it = 0; it < 1500; it++) {
+    int i = (int)tu_rand_range(&rng, 0, N - 1);
+    if (p[i] != NULL) {
+      assert_true(tu_stamp_ok(p[i], n[i], (uint32_t)i));
+      assert_status(gpumem_free(ctx, p[i], (it & 1) ? SA : NULL), GPUMEM_OK);
+      p[i] = NULL;
+    } else {
+      int big = tu_rand_range(&rng, 0, 3) == 0;
+      n[i] = (size_t)(big ? tu_rand_range(&rng, 1, 40 * TU_MiB) : tu_rand_range(&rng, 1, 1536 * TU_KiB));
+      assert_status(gpumem_alloc(ctx, 0, n[i], (it & 2) ? SA : NULL, &p[i]), GPUMEM_OK);
+      assert_true(((uintptr_t)p[i] & 255u) == 0);
+      tu_stamp(p[i], n[i], (uint32_t)i);
+    }
+    assert_held_exact(ctx);
+    if (it % 500 == 499) {
+      assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+      assert_held_exact(ctx);
+    }
+  }
+  long ov = tu_find_overlap(p, n, N);
+  assert_true(ov < 0);
+  for (int i = 0; i < N; i++)
+    if (p[i] != NULL) {
+      assert_true(tu_stamp_ok(p[i], n[i], (uint32_t)i));
+      assert_status(gpumem_free(ctx, p[i], NULL), GPUMEM_OK);
+    }
+  uint64_t released = 0;
+  assert_status(gpumem_trim(ctx, 0, 0, &released), GPUMEM_OK);
+  gpumem_stats s = tu_stats(ctx, 0);
+  assert_true(s.reserved_bytes == 0 && s.num_segments == 0 && tu_sim_used(0) == 0);
+  assert_true(s.num_backend_allocs == s.num_backend_frees);
+  tu_ctx_done(ctx);
+}
+
+/* A live block at the start of a segment and freed blocks behind it: trim gives their granules back. */
+static void test_trim_inside_segment(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = vm_ctx(NULL);
+  void *a = NULL, *b = NULL, *c = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, NULL, &b), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, NULL, &c), GPUMEM_OK);
+  tu_stamp(a, 3 * TU_MiB, 0xA);
+  assert_true(tu_sim_used(0) >= 35 * TU_MiB);
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, NULL), GPUMEM_OK);
+  uint64_t before = tu_sim_used(0);
+  assert_true(before >= 35 * TU_MiB); /* freed memory stays cached (mapped) */
+  /* keep 5 MiB cached: exactly down to it where granularity allows */
+  uint64_t released = 0;
+  assert_status(gpumem_trim(ctx, 0, 5 * TU_MiB, &released), GPUMEM_OK);
+  gpumem_stats s = tu_stats(ctx, 0);
+  assert_true(s.cached_bytes <= 5 * TU_MiB && s.cached_bytes + GRAN > 5 * TU_MiB);
+  assert_true(released == before - tu_sim_used(0));
+  assert_held_exact(ctx);
+  released = 0;
+  assert_status(gpumem_trim(ctx, 0, 0, &released), GPUMEM_OK);
+  /* only a's granules stay: 3 MiB live -> 2 granules */
+  assert_true(tu_sim_used(0) == 4 * TU_MiB);
+  assert_true(tu_stamp_ok(a, 3 * TU_MiB, 0xA));
+  s = tu_stats(ctx, 0);
+  assert_true(s.num_trims >= 2 && s.num_segments >= 1);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+static void test_release_threshold_inside_segment(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.release_threshold = 4 * TU_MiB;
+  gpumem_context *ctx = vm_ctx(&cfg);
+  void *a = NULL, *b[6];
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, NULL, &a), GPUMEM_OK);
+  for (int i = 0; i < 6; i++) assert_status(gpumem_alloc(ctx, 0, 10 * TU_MiB, NULL, &b[i]), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 62 * TU_MiB);
+  for (int i = 0; i < 6; i++) {
+    assert_status(gpumem_free(ctx, b[i], NULL), GPUMEM_OK);
+    gpumem_stats s = tu_stats(ctx, 0);
+    assert_true(s.cached_bytes <= cfg.release_threshold);
+    assert_held_exact(ctx);
+  }
+  assert_true(tu_sim_used(0) <= 2 * TU_MiB + cfg.release_threshold);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+/* Delayed mode: a block freed on A while A's work is pending is neither
+ * unmapped (threshold 0) nor handed to B; once A completes, trim gives it back. */
+static void test_no_unmap_while_pending(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.release_threshold = 0;
+  gpumem_context *ctx = vm_ctx(&cfg);
+  gpumem_sim_set_delayed(1);
+  const size_t n = 8 * TU_MiB;
+  void *p = NULL, *q = NULL;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  tu_stamp(p, n, 0x77);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK); /* A's kernels may still read p */
+  assert_true(tu_sim_used(0) >= n);
+  assert_true(tu_stamp_ok(p, n, 0x77)); /* still mapped, untouched */
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
+  assert_false((uintptr_t)q < (uintptr_t)p + n && (uintptr_t)p < (uintptr_t)q + n);
+  assert_true(tu_stamp_ok(p, n, 0x77));
+  assert_true(tu_sim_used(0) >= 2 * n);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  tu_ctx_done(ctx);
+}
+
+/* Out of memory: wait for pending frees, move their chunks, retry. */
+static void test_oom_trim_retry(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  assert_int_equal(tu_ctx_live(), 0);
+  tu_setenv("GPUMEM_SIM_DEVICES", "256MiB");
+  gpumem_context *ctx = vm_ctx(NULL);
+  gpumem_sim_set_delayed(1);
+  void *x = NULL, *y = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 100 * TU_MiB, SA, &x), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK); /* pending on A */
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, 200 * TU_MiB, SB, &y), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_true(after.num_oom_retries == before.num_oom_retries + 1);
+  assert_true(after.reserved_bytes == 200 * TU_MiB && tu_sim_used(0) == 200 * TU_MiB);
+  assert_held_exact(ctx);
+  /* more than the device can ever hold: OUT_OF_MEMORY, nothing changes */
+  void *z = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 100 * TU_MiB, SB, &z), GPUMEM_ERR_OUT_OF_MEMORY);
+  assert_true(z == (void *)0x1);
+  assert_true(tu_sim_used(0) == 200 * TU_MiB);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+static void test_limit(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.limit_bytes = 64 * TU_MiB;
+  gpumem_context *ctx = vm_ctx(&cfg);
+  void *a = NULL, *b = NULL, *c = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, NULL, &a), GPUMEM_OK);
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, 30 * TU_MiB, NULL, &c), GPUMEM_ERR_LIMIT_EXCEEDED);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_true(c == (void *)0x1 && s1.reserved_bytes == s0.reserved_bytes &&
+              s1.num_backend_allocs == s0.num_backend_allocs);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  /* the freed 40 MiB are moved, not added to: 60 MiB fit under 64 */
+  assert_status(gpumem_alloc(ctx, 0, 60 * TU_MiB, NULL, &b), GPUMEM_OK);
+  assert_true(tu_stats(ctx, 0).reserved_bytes <= 64 * TU_MiB);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+/* One scenario under a fault on the nth call of a kind: documented statuses, exact accounting, no leak. */
+static int fault_run(gpumem_sim_call kind, uint64_t nth, int err, int *bad) {
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.flags = GPUMEM_CONFIG_NO_ENV;
+  cfg.expandable = 1;
+  cfg.log_level = GPUMEM_LOG_OFF;
+  gpumem_context *keeper = NULL, *ctx = NULL;
+  assert_status(gpumem_create(&cfg, &keeper), GPUMEM_OK);
+  assert_status(gpumem_create(&cfg, &ctx), GPUMEM_OK);
+  uint64_t c0 = gpumem_sim_call_count(kind);
+  assert_status(gpumem_sim_fail_nth(kind, nth, err, 0), GPUMEM_OK);
+  static const size_t sizes[] = {3 * TU_MiB, 700, 9 * TU_MiB, 1536 * TU_KiB, 20 * TU_MiB, 5 * TU_MiB};
+  void *p[6] = {0};
+  for (int i = 0; i < 6; i++) {
+    void *q = (void *)0x1;
+    gpumem_status s = gpumem_alloc(ctx, 0, sizes[i], i % 2 ? SA : NULL, &q);
+    if (s == GPUMEM_OK) {
+      p[i] = q;
+      tu_stamp(q, sizes[i], (uint32_t)i);
+    } else if (!(s == GPUMEM_ERR_OUT_OF_MEMORY || s == GPUMEM_ERR_BACKEND) || q != (void *)0x1) {
+      *bad = 1;
+    }
+    if (i == 3 && p[2] != NULL) {
+      if (gpumem_free(ctx, p[2], SA) != GPUMEM_OK) *bad = 1;
+      p[2] = NULL;
+    }
+    gpumem_stats st = tu_stats(ctx, 0);
+    uint64_t used = tu_sim_used(0);
+    if (st.allocated_bytes > st.reserved_bytes || used != st.reserved_bytes) *bad = 2;
+    if (gpumem__check_invariants(ctx) != GPUMEM_OK) *bad = 3;
+  }
+  gpumem_status s = gpumem_trim(ctx, 0, 0, NULL);
+  if (s != GPUMEM_OK && s != GPUMEM_ERR_BACKEND) *bad = 4;
+  if (gpumem__check_invariants(ctx) != GPUMEM_OK) *bad = 5;
+  uint64_t calls = gpumem_sim_call_count(kind) - c0;
+  gpumem_sim_fail_clear();
+  for (int i = 0; i < 6; i++)
+    if (p[i] != NULL) {
+      if (!tu_stamp_ok(p[i], sizes[i], (uint32_t)i)) *bad = 6;
+      if (gpumem_free(ctx, p[i], NULL) != GPUMEM_OK) *bad = 7;
+    }
+  if (gpumem_destroy(ctx, 0) != GPUMEM_OK) *bad = 8;
+  if (tu_sim_used_total() != 0) *bad = 9;
+  gpumem_destroy(keeper, GPUMEM_DESTROY_FORCE);
+  return (int)calls;
+}
+
+static void test_vm_faults(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  static const gpumem_sim_call kinds[] = {GPUMEM_SIM_CALL_MAP, GPUMEM_SIM_CALL_MALLOC, GPUMEM_SIM_CALL_FREE};
+  int runs = 0;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (int e = 0; e < 2; e++) {
+      int err = e ? GPUMEM_SIM_ERR_OUT_OF_MEMORY : GPUMEM_SIM_ERR_INJECTED;
+      for (uint64_t nth = 1;; nth++) {
+        int bad = 0;
+        int calls = fault_run(kinds[k], nth, err, &bad);
+        runs++;
+        if (bad) {
+          print_error("fault on call %llu of kind %d (error %d): check %d failed\n", (unsigned long long)nth,
+                      (int)kinds[k], err, bad);
+          fail();
+        }
+        if ((uint64_t)calls < nth) break; /* the fault was past the last call */
+      }
+    }
+  }
+  assert_true(runs > 20);
+}
+
+static void test_switch(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  /* the default is expandable: a 5 MiB block holds 3 granules, not a 20 MiB segment */
+  tu_setenv("GPUMEM_EXPANDABLE", NULL); /* (ctest may run the suite with it set) */
+  gpumem_config cfg;
+  tu_config(&cfg);
+  assert_true(cfg.expandable == 1);
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *p = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 5 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_true(tu_stats(ctx, 0).reserved_bytes == 6 * TU_MiB);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  /* GPUMEM_EXPANDABLE=0: plain segments */
+  tu_setenv("GPUMEM_EXPANDABLE", "0");
+  ctx = tu_ctx_new(&cfg);
+  assert_status(gpumem_alloc(ctx, 0, 5 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_true(tu_stats(ctx, 0).reserved_bytes == 20 * TU_MiB);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  /* the config field, without the environment */
+  tu_setenv("GPUMEM_EXPANDABLE", "off");
+  cfg.expandable = 0;
+  cfg.flags = GPUMEM_CONFIG_NO_ENV;
+  ctx = tu_ctx_new(&cfg);
+  assert_status(gpumem_alloc(ctx, 0, 5 * TU_MiB, NULL, &p), GPUMEM_OK);
+  assert_true(tu_stats(ctx, 0).reserved_bytes == 20 * TU_MiB);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  /* a bad value is refused */
+  tu_setenv("GPUMEM_EXPANDABLE", "maybe");
+  tu_config(&cfg);
+  gpumem_context *bad = (gpumem_context *)0x1;
+  assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_true(bad == (gpumem_context *)0x1);
+}
+
+/* reset with live blocks in expandable segments gives every chunk and range back */
+static void test_reset(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = vm_ctx(NULL);
+  void *a = NULL, *b = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 30 * TU_MiB, NULL, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 1000, SA, &b), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  gpumem_stats s = tu_stats(ctx, 0);
+  assert_true(s.reserved_bytes == 0 && s.num_segments == 0 && s.num_live == 0 && tu_sim_used(0) == 0);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &a), GPUMEM_OK);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
+      TU_TEST(test_release_threshold_inside_segment), TU_TEST(test_no_unmap_while_pending),
+      TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
+      TU_TEST(test_reset),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
