@@ -18,8 +18,10 @@
 struct gpumem__vmspace {
   gpumem__vmpool *vp;
   gpumem__vmspace *prev, *next;
-  uintptr_t base;
+  uintptr_t base;          /* aligned to the granularity */
   size_t size;
+  void *raw;               /* what vm_reserve returned, and its size (for vm_release) */
+  size_t raw_size;
   uint32_t n;              /* granules */
   gpumem_phys_handle *h;   /* n: chunk mapped at the granule, 0 = none */
   uint32_t *busy;          /* n: busy bytes */
@@ -178,11 +180,22 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
     }
     want = half;
   }
-  if (va == NULL || ((uintptr_t)va & (g - 1)) != 0) {
-    LOG(vp, GPUMEM_LOG_ERROR, "device %d: vm_reserve returned %p, not aligned to the granularity %zu", vp->dev, va, g);
-    if (va != NULL) (void)gpumem__be_vm_release(vp->ctx, vp->dev, va, want);
+  if (va == NULL) {
     free(vs);
     return GPUMEM_ERR_BACKEND;
+  }
+  void *raw = va;
+  size_t raw_size = want;
+  if (((uintptr_t)va & (g - 1)) != 0) {
+    /* not aligned to the granularity: reserve one granule more and align inside it */
+    (void)gpumem__be_vm_release(vp->ctx, vp->dev, va, want);
+    raw_size = want + g;
+    st = gpumem__be_vm_reserve(vp->ctx, vp->dev, raw_size, &raw);
+    if (st != GPUMEM_OK || raw == NULL) {
+      free(vs);
+      return st != GPUMEM_OK ? st : GPUMEM_ERR_BACKEND;
+    }
+    va = (void *)(((uintptr_t)raw + g - 1) & ~(uintptr_t)(g - 1));
   }
   size_t n = want / g;
   vs->h = calloc(n, sizeof *vs->h);
@@ -190,13 +203,15 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
   vs->lprev = malloc(n * sizeof *vs->lprev);
   vs->lnext = malloc(n * sizeof *vs->lnext);
   if (vs->h == NULL || vs->busy == NULL || vs->lprev == NULL || vs->lnext == NULL) {
-    (void)gpumem__be_vm_release(vp->ctx, vp->dev, va, want);
+    (void)gpumem__be_vm_release(vp->ctx, vp->dev, raw, raw_size);
     space_free(vs);
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
   vs->vp = vp;
   vs->base = (uintptr_t)va;
   vs->size = want;
+  vs->raw = raw;
+  vs->raw_size = raw_size;
   vs->n = (uint32_t)n;
   vs->ihead = vs->itail = NIL;
   vs->next = vp->spaces;
@@ -249,7 +264,7 @@ gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
   }
   if (vs->nmapped != 0) return first != GPUMEM_OK ? first : GPUMEM_ERR_INTERNAL;
   /* (a chunk whose destroy failed is spare now: gpumem__vm_trim retries it) */
-  gpumem_status st = gpumem__be_vm_release(vp->ctx, vp->dev, (void *)vs->base, vs->size);
+  gpumem_status st = gpumem__be_vm_release(vp->ctx, vp->dev, vs->raw, vs->raw_size);
   if (st != GPUMEM_OK) return st;
   if (vs->prev != NULL) vs->prev->next = vs->next;
   else vp->spaces = vs->next;
