@@ -21,17 +21,21 @@
  * Blocks coalesce only with neighbours in the same fidx (same state, same stream).
  *
  * Stream-ordered reuse: a free on S puts the block into S's own fidx and,
- * if S has no pending batch, "harvests" it: one event recorded on S now
+ * if S has no pending batch, "harvests" it (while the pool has seen only
+ * one stream, a "mark" instead: the event is recorded, the blocks stay in
+ * S's fidx; see mark_record): one event recorded on S now
  * (later than every free in it, hence safe) and the whole fidx moved into a
  * pending batch (O(1): the fidx object changes hands). The backend is only
  * ever called with the stream of the current call (see stream_touch): an
  * application may destroy a stream right after freeing on it. An alloc on
- * T searches T's fidx, T's pending batches, and READY; on a miss it polls
- * the pending batches (event_query). Batches whose event completed move
- * their blocks into READY, coalescing. Only if still nothing fits does the
- * pool grow. Waiting (device_synchronize) happens only in the
- * out-of-memory and limit paths, in trim and in reset; it makes every free
- * block of the device READY, batched or not.
+ * T takes the smallest fit among T's fidx, T's pending batch and READY; on
+ * a miss it polls the pending batches (event_query) and, if other streams
+ * hold free blocks, marks the pool "hungry" so that their next calls renew
+ * their batches. Batches whose event completed move their blocks into
+ * READY, coalescing. Only if still nothing fits does the pool grow.
+ * Waiting (device_synchronize) happens only in the out-of-memory and limit
+ * paths, in trim and in reset; it makes every free block of the device
+ * READY, batched or not.
  *
  * Locking: one mutex per pool protects everything in it, statistics
  * included. Lock order: pool lock, then a pointer-index shard lock. The
@@ -81,6 +85,7 @@ struct gpumem__block {
   gpumem__fidx *idx;           /* the fidx holding it, NULL = live */
   size_t requested;            /* live: bytes asked for */
   const char *tag;             /* live: tag for leak reports */
+  uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
 };
 
 typedef struct gpumem__tlsf {
@@ -116,7 +121,11 @@ struct gpumem__srec {
   gpumem_stream stream;
   gpumem__fidx *idx;           /* its STREAM free blocks */
   gpumem__batch *batches;      /* its pending batch (at most one) */
-  unsigned touches;            /* calls on the stream that found a pending batch (see stream_touch) */
+  uint64_t fed;                /* pool->hungry when this stream was last harvested (see stream_touch) */
+  uint64_t seq;                /* frees on this stream so far (block fseq) */
+  gpumem_event mev;            /* single-stream mark: event recorded on the stream ... */
+  uint64_t mark_seq;           /* ... after its free number mark_seq */
+  int has_mark;
 };
 
 struct gpumem__batch {
@@ -154,6 +163,8 @@ struct gpumem__pool {
   gpumem__slab *slabs;
   gpumem__fidx *ffree;
   gpumem__batch *batch_free;
+  uint64_t hungry;             /* misses that wanted other streams' free blocks (see stream_touch) */
+  size_t nmarks;               /* streams with a pending mark */
   gpumem_stats st;
   gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
 };
@@ -362,6 +373,7 @@ static void insert_coalesce(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) 
   if (q != NULL && q->idx == f) {
     idx_remove(p, q);
     q->size += b->size;
+    if (b->fseq > q->fseq) q->fseq = b->fseq;
     q->next = b->next;
     if (b->next != NULL) b->next->prev = q;
     block_free(p, b);
@@ -371,6 +383,7 @@ static void insert_coalesce(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) 
   if (q != NULL && q->idx == f) {
     idx_remove(p, q);
     b->size += q->size;
+    if (q->fseq > b->fseq) b->fseq = q->fseq;
     b->next = q->next;
     if (q->next != NULL) q->next->prev = b;
     block_free(p, q);
@@ -398,6 +411,7 @@ static void take(gpumem__pool *p, gpumem__block *b, size_t rsize) {
     r->addr = b->addr + rsize;
     r->size = b->size - rsize;
     r->seg = b->seg;
+    r->fseq = b->fseq;
     r->prev = b;
     r->next = b->next;
     if (b->next != NULL) b->next->prev = r;
@@ -563,8 +577,64 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   p->batch_free = b;
 }
 
-/* Move every batch whose event has completed to READY. No waiting. */
+/* Single-stream marks. While a pool has seen one stream only, moving its
+ * frees into batches would split its free space between fidx (worse fit,
+ * less coalescing: plain-mode replays lost up to 25%), so the event is
+ * recorded at the free as a "mark" and the blocks stay in the stream's
+ * fidx; once the mark's event completed, the blocks freed before it
+ * (fseq <= mark_seq) become READY, at a poll. */
+static void mark_drop(gpumem__pool *p, gpumem__srec *r) {
+  ev_put(p, r->mev);
+  r->has_mark = 0;
+  p->nmarks--;
+}
+
+static void mark_record(gpumem__pool *p, gpumem__srec *r) {
+  gpumem_event ev;
+  if (ev_get(p, &ev) != GPUMEM_OK) return;
+  if (gpumem__be_event_record(p->ctx, p->device, ev, r->stream) != GPUMEM_OK) {
+    (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+    return;
+  }
+  r->mev = ev;
+  r->mark_seq = r->seq;
+  r->has_mark = 1;
+  p->nmarks++;
+}
+
+/* r's mark completed: its blocks freed before it become READY. */
+static void mark_release(gpumem__pool *p, gpumem__srec *r) {
+  gpumem__fidx *f = r->idx;
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    for (int fl = 0; fl < TLSF_FL; fl++) {
+      if (((t->fl_bitmap >> fl) & 1u) == 0) continue;
+      for (int sl = 0; sl < TLSF_SL; sl++) {
+        gpumem__block *b = t->heads[fl][sl], *n;
+        for (; b != NULL; b = n) {
+          n = b->fnext; /* in f: untouched by a merge into READY */
+          if (b->fseq > r->mark_seq) continue;
+          idx_remove(p, b);
+          insert_coalesce(p, p->ready, b);
+        }
+      }
+    }
+  }
+  mark_drop(p, r);
+}
+
+static void poll_marks(gpumem__pool *p) {
+  for (size_t i = 0; i < p->scap && p->nmarks > 0; i++) {
+    gpumem__srec *r = p->stab[i];
+    int done = 0;
+    if (r != NULL && r->has_mark && gpumem__be_event_query(p->ctx, p->device, r->mev, &done) == GPUMEM_OK && done)
+      mark_release(p, r);
+  }
+}
+
+/* Move every batch (and mark) whose event has completed to READY. No waiting. */
 static void poll_pending(gpumem__pool *p) {
+  poll_marks(p);
   gpumem__batch *b = p->pending_head;
   while (b != NULL) {
     gpumem__batch *n = b->next;
@@ -582,24 +652,30 @@ static void poll_pending(gpumem__pool *p) {
  * event covering frees on S is recorded on S during a free or an alloc on S,
  * never on behalf of another stream; other streams only query events that
  * were already recorded (event_query names no stream). At most one pending
- * batch per stream: events on one stream complete in order, and polling then
- * costs O(streams). Blocks freed on S after its batch was recorded stay
- * unbatched (usable by S) until the next call on S finds no pending batch,
- * or until a device synchronisation (trim, reset, the out-of-memory and
- * limit paths) makes every free block of the device READY. */
+ * batch per stream: events on one stream complete in order, and polling
+ * then costs O(streams). Blocks freed on S while its batch is pending stay
+ * unbatched (S may reuse them at once); a later call on S asks the pending
+ * event only if some miss has happened since S was last harvested
+ * (pool->hungry moved) and, once it completed, records a new batch. Blocks
+ * of a stream that is never named again are recovered by a device
+ * synchronisation (trim, reset, the out-of-memory and limit paths), which
+ * makes every free block of the device READY. */
 static void stream_touch(gpumem__pool *p, gpumem__srec *r) {
   if (r->idx->nblocks == 0 || !p->ctx->has_events) return;
+  if (p->scount < 2 && p->hungry == 0) { /* one stream so far: a mark, the blocks stay */
+    if (!r->has_mark) mark_record(p, r);
+    return;
+  }
+  if (r->has_mark) mark_drop(p, r); /* the batch below gets a newer event */
   gpumem__batch *b = r->batches;
   if (b != NULL) {
-    /* a pending batch: has it completed? Asked on every 8th such call only
-     * (misses on any stream poll every batch anyway). */
-    if ((++r->touches & 7u) != 0) return;
+    if (r->fed == p->hungry) return; /* no miss is waiting: do not ask */
     int done = 0;
     if (!b->has_ev || gpumem__be_event_query(p->ctx, p->device, b->ev, &done) != GPUMEM_OK || !done) return;
     batch_complete(p, b);
     if (r->batches != NULL) return;
   }
-  (void)harvest(p, r, 1);
+  if (harvest(p, r, 1) != NULL) r->fed = p->hungry;
 }
 
 /* Wait for every pending free of the device and make it READY: one device
@@ -611,6 +687,8 @@ static void sync_all(gpumem__pool *p) {
     if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) unbatched = 1;
   if (!unbatched && p->npending == 0) return;
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
+    for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
+      if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
     for (size_t i = 0; i < p->scap; i++)
       if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) drain_to_ready(p, p->stab[i]->idx);
@@ -621,6 +699,11 @@ static void sync_all(gpumem__pool *p) {
     gpumem__batch *n = b->next;
     if (b->has_ev && gpumem__be_event_synchronize(p->ctx, p->device, b->ev) == GPUMEM_OK) batch_complete(p, b);
     b = n;
+  }
+  for (size_t i = 0; i < p->scap && p->nmarks > 0; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r != NULL && r->has_mark && gpumem__be_event_synchronize(p->ctx, p->device, r->mev) == GPUMEM_OK)
+      mark_release(p, r);
   }
 }
 
@@ -713,7 +796,7 @@ static void check_threshold(gpumem__pool *p) {
   if (cached_bytes(p) <= thr) return;
   uint64_t rel = 0;
   (void)release_empty(p, thr, &rel);
-  if (cached_bytes(p) > thr && p->npending > 0) {
+  if (cached_bytes(p) > thr && (p->npending > 0 || p->nmarks > 0)) {
     poll_pending(p);
     (void)release_empty(p, thr, &rel);
   }
@@ -742,13 +825,15 @@ static size_t std_segment_size(size_t rsize, int rcls) {
   return (rsize + GPUMEM__LARGE_ROUND - 1) & ~(GPUMEM__LARGE_ROUND - 1); /* overflow checked by caller */
 }
 
+/* The smallest fitting block among the stream's own fidx, its pending
+ * batch and READY (one good-fit candidate from each). */
 static gpumem__block *search_cache(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls) {
-  gpumem__block *b = NULL;
+  gpumem__block *b = idx_find(p->ready, rsize, rcls), *c;
   if (r != NULL) {
-    b = idx_find(r->idx, rsize, rcls);
-    for (gpumem__batch *bt = r->batches; b == NULL && bt != NULL; bt = bt->snext) b = idx_find(bt->idx, rsize, rcls);
+    if ((c = idx_find(r->idx, rsize, rcls)) != NULL && (b == NULL || c->size < b->size)) b = c;
+    for (gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext)
+      if ((c = idx_find(bt->idx, rsize, rcls)) != NULL && (b == NULL || c->size < b->size)) b = c;
   }
-  if (b == NULL) b = idx_find(p->ready, rsize, rcls);
   return b;
 }
 
@@ -994,7 +1079,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
        * own (placed where it was freed): completed frees become READY (their
        * granules idle, their space placeable anywhere), and this stream's
        * unbatched frees get their event (this call names the stream) */
-      if (p->npending > 0) poll_pending(p);
+      if (p->npending > 0 || p->nmarks > 0) poll_pending(p);
       if (r != NULL && r->batches == NULL && r->idx->nblocks > 0 && p->ctx->has_events) {
         (void)harvest(p, r, 1);
         poll_pending(p);
@@ -1065,10 +1150,11 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
   gpumem__srec *r = srec_find(p, stream);
   if (r != NULL) stream_touch(p, r); /* this call names the stream: its unbatched frees get their event */
   gpumem__block *b = search_cache(p, r, rsize, rcls);
-  if (b == NULL && p->npending > 0) {
+  if (b == NULL && (p->npending > 0 || p->nmarks > 0)) {
     poll_pending(p); /* events recorded by earlier calls on their own streams */
     b = idx_find(p->ready, rsize, rcls);
   }
+  if (b == NULL && p->scount > (r != NULL ? 1u : 0u)) p->hungry++; /* other streams: harvest at their next call */
   if (b != NULL) {
     take(p, b, rsize);
     *out = b;
@@ -1153,6 +1239,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
         /* host out of memory: give the unused block back as a free on its stream */
         gpumem__srec *r = srec_get(p, stream);
         if (r != NULL) {
+          b->fseq = ++r->seq;
           insert_coalesce(p, r->idx, b);
         } else {
           (void)gpumem__be_device_synchronize(ctx, p->device);
@@ -1220,6 +1307,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   b->tag = NULL;
   gpumem__srec *r = srec_get(p, stream);
   if (r != NULL) {
+    b->fseq = ++r->seq;
     insert_coalesce(p, r->idx, b);
     stream_touch(p, r); /* the event for other streams is recorded now, on the stream of this call */
   } else {
@@ -1280,11 +1368,13 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   p->nev = 0;
   for (size_t i = 0; i < p->scap; i++) {
     if (p->stab[i] == NULL) continue;
+    if (p->stab[i]->has_mark) (void)gpumem__be_event_destroy(ctx, p->device, p->stab[i]->mev);
     free(p->stab[i]->idx);
     free(p->stab[i]);
     p->stab[i] = NULL;
   }
   p->scount = 0;
+  p->nmarks = 0;
   while (p->ffree != NULL) {
     gpumem__fidx *n = p->ffree->next_free;
     free(p->ffree);

@@ -103,61 +103,60 @@ static void test_free_complete_alloc_other(void **state) {
   tu_ctx_done(ctx);
 }
 
-/* Blocks freed on S while its batch is pending stay unbatched: T may take
- * them only after a later call on S recorded their event and S completed. */
+/* Blocks freed on S while its batch is pending stay unbatched: T gets them
+ * only after a later call on S recorded their event and S completed. */
 static void test_unbatched_until_next_call(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   gpumem_context *ctx = wrapped_ctx();
   gpumem_sim_set_delayed(1);
   const size_t n = 12 * TU_MiB, wn = 24 * TU_MiB; /* segments of their own */
-  void *x = NULL, *y = NULL, *w = NULL, *q1 = NULL, *q2 = NULL, *q3 = NULL;
+  void *x = NULL, *y = NULL, *w = NULL, *q1 = NULL, *q2 = NULL, *q3 = NULL, *q4 = NULL, *q5 = NULL;
   assert_status(c_alloc(ctx, n, SA, &x), GPUMEM_OK);
   assert_status(c_alloc(ctx, n, SA, &y), GPUMEM_OK);
-  assert_status(c_free(ctx, x, SA), GPUMEM_OK); /* batch 1 = {x}, event on A */
-  assert_status(c_free(ctx, y, SA), GPUMEM_OK); /* batch 1 pending: y unbatched */
-  /* B must not get x or y while A's work is pending */
-  assert_status(c_alloc(ctx, n, SB, &q1), GPUMEM_OK);
+  assert_status(c_free(ctx, x, SA), GPUMEM_OK); /* batch {x}, event on A */
+  assert_status(c_free(ctx, y, SA), GPUMEM_OK); /* batch pending: y unbatched */
+  assert_status(c_alloc(ctx, n, SB, &q1), GPUMEM_OK); /* A's work pending: neither x nor y */
   assert_false(overlaps(q1, n, x, n) || overlaps(q1, n, y, n));
   gpumem_sim_stream_complete(0, SA);
-  /* B: batch 1 completed, x is READY */
-  assert_status(c_alloc(ctx, n, SB, &q2), GPUMEM_OK);
+  assert_status(c_alloc(ctx, n, SB, &q2), GPUMEM_OK); /* the batch completed: x */
   assert_true(overlaps(q2, n, x, n));
-  /* a call on A records the event covering y */
-  assert_status(c_alloc(ctx, wn, SA, &w), GPUMEM_OK);
+  assert_status(c_alloc(ctx, n, SB, &q3), GPUMEM_OK); /* y has no event yet: B grows */
+  assert_false(overlaps(q3, n, y, n));
+  assert_status(c_alloc(ctx, wn, SA, &w), GPUMEM_OK); /* a call on A records the event for y */
+  assert_status(c_alloc(ctx, n, SB, &q4), GPUMEM_OK); /* pending: not y */
+  assert_false(overlaps(q4, n, y, n));
   gpumem_stats s1 = tu_stats(ctx, 0);
   gpumem_sim_stream_complete(0, SA);
-  assert_status(c_alloc(ctx, n, SB, &q3), GPUMEM_OK);
+  assert_status(c_alloc(ctx, n, SB, &q5), GPUMEM_OK);
   gpumem_stats s2 = tu_stats(ctx, 0);
-  assert_true(overlaps(q3, n, y, n));
+  assert_true(overlaps(q5, n, y, n));
   assert_true(s2.num_backend_allocs == s1.num_backend_allocs);
-  assert_status(c_free(ctx, q1, SB), GPUMEM_OK);
-  assert_status(c_free(ctx, q2, SB), GPUMEM_OK);
-  assert_status(c_free(ctx, q3, SB), GPUMEM_OK);
+  void *qs[] = {q1, q2, q3, q4, q5};
+  for (int i = 0; i < 5; i++) assert_status(c_free(ctx, qs[i], SB), GPUMEM_OK);
   assert_status(c_free(ctx, w, SA), GPUMEM_OK);
   gpumem_sim_complete_all();
   assert_true(atomic_load(&g_bad) == 0);
   tu_ctx_done(ctx);
 }
 
-/* The pending batch completes without any other stream polling: every 8th
- * call on S that finds it asks the event, then records a new one. */
-static void test_own_calls_renew_batch(void **state) {
+/* A call on S that finds its batch pending asks the event when a miss is
+ * waiting, and once it completed records a new batch for the rest. */
+static void test_pending_batch_renewed_on_demand(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   gpumem_context *ctx = wrapped_ctx();
   gpumem_sim_set_delayed(1);
-  const size_t n = 12 * TU_MiB, wn = 24 * TU_MiB; /* segments of their own */
-  void *x = NULL, *y = NULL, *w = NULL, *q1 = NULL, *q2 = NULL;
+  const size_t n = 12 * TU_MiB, wn = 24 * TU_MiB;
+  void *x = NULL, *y = NULL, *v = NULL, *q0 = NULL, *q1 = NULL, *q2 = NULL;
   assert_status(c_alloc(ctx, n, SA, &x), GPUMEM_OK);
   assert_status(c_alloc(ctx, n, SA, &y), GPUMEM_OK);
-  assert_status(c_free(ctx, x, SA), GPUMEM_OK);
-  assert_status(c_free(ctx, y, SA), GPUMEM_OK);
+  assert_status(c_alloc(ctx, wn, SA, &v), GPUMEM_OK);
+  assert_status(c_free(ctx, x, SA), GPUMEM_OK);        /* batch {x} */
+  assert_status(c_free(ctx, y, SA), GPUMEM_OK);        /* unbatched */
+  assert_status(c_alloc(ctx, 2 * wn, SB, &q0), GPUMEM_OK); /* a miss while A is pending */
   gpumem_sim_stream_complete(0, SA);
-  for (int i = 0; i < 8; i++) { /* 16 calls on A, none on B */
-    assert_status(c_alloc(ctx, wn, SA, &w), GPUMEM_OK);
-    if (i < 7) assert_status(c_free(ctx, w, SA), GPUMEM_OK);
-  }
+  assert_status(c_free(ctx, v, SA), GPUMEM_OK);        /* asks the batch: done; records {y, v} */
   gpumem_stats s1 = tu_stats(ctx, 0);
   gpumem_sim_stream_complete(0, SA);
   assert_status(c_alloc(ctx, n, SB, &q1), GPUMEM_OK);
@@ -165,10 +164,31 @@ static void test_own_calls_renew_batch(void **state) {
   gpumem_stats s2 = tu_stats(ctx, 0);
   assert_true(s2.num_backend_allocs == s1.num_backend_allocs);
   assert_true((overlaps(q1, n, x, n) && overlaps(q2, n, y, n)) || (overlaps(q1, n, y, n) && overlaps(q2, n, x, n)));
+  assert_status(c_free(ctx, q0, SB), GPUMEM_OK);
   assert_status(c_free(ctx, q1, SB), GPUMEM_OK);
   assert_status(c_free(ctx, q2, SB), GPUMEM_OK);
-  assert_status(c_free(ctx, w, SA), GPUMEM_OK);
   gpumem_sim_complete_all();
+  assert_true(atomic_load(&g_bad) == 0);
+  tu_ctx_done(ctx);
+}
+
+/* One stream only: every stream call names that stream. */
+static void test_single_stream(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = wrapped_ctx();
+  uint64_t rng = 5;
+  void *ptr[16] = {0};
+  for (int i = 0; i < 2000; i++) {
+    int k = (int)(tu_rand(&rng) % 16);
+    if (ptr[k] != NULL) {
+      assert_status(c_free(ctx, ptr[k], SA), GPUMEM_OK);
+      ptr[k] = NULL;
+    } else {
+      assert_status(c_alloc(ctx, (size_t)tu_rand_range(&rng, 1, 8) * TU_MiB, SA, &ptr[k]), GPUMEM_OK);
+    }
+  }
+  for (int k = 0; k < 16; k++) assert_status(c_free(ctx, ptr[k], SA), GPUMEM_OK);
   assert_true(atomic_load(&g_bad) == 0);
   tu_ctx_done(ctx);
 }
@@ -282,7 +302,8 @@ static void test_threads_streams_policy(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_free_complete_alloc_other), TU_TEST(test_unbatched_until_next_call),
-      TU_TEST(test_own_calls_renew_batch),     TU_TEST(test_dead_streams),
+      TU_TEST(test_pending_batch_renewed_on_demand), TU_TEST(test_single_stream),
+      TU_TEST(test_dead_streams),
       TU_TEST(test_threads_streams_policy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
