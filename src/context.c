@@ -28,6 +28,7 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
   st = gpumem__backend_open(ctx);
+  ctx->fork_gen = gpumem__fork_init(); /* after the backend's own atfork handlers: ours run first at fork */
   if (st == GPUMEM_OK) {
     ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
     if (ctx->pools == NULL) {
@@ -92,6 +93,7 @@ static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
 
 gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   if (ctx == NULL || (flags & ~GPUMEM_DESTROY_FORCE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   uint64_t count = 0, bytes = 0;
   gpumem__leak first[GPUMEM__LEAK_MAX];
   size_t nfirst = 0;
@@ -142,6 +144,7 @@ static inline int valid_device(const gpumem_context *ctx, int dev) { return dev 
 
 gpumem_status gpumem_device_get_info(gpumem_context *ctx, int device, gpumem_device_info *info) {
   if (ctx == NULL || info == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   size_t want = info->struct_size ? info->struct_size : sizeof *info;
   if (want < offsetof(gpumem_device_info, ordinal) + sizeof(int)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (!valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
@@ -178,6 +181,7 @@ const char *gpumem_backend_name(const gpumem_context *ctx) { return ctx != NULL 
 gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
                                   void **out_ptr) {
   if (GPUMEM__UNLIKELY(ctx == NULL || out_ptr == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__UNLIKELY(!valid_device(ctx, device))) return GPUMEM_ERR_INVALID_DEVICE;
   if (size == 0) {
     *out_ptr = NULL;
@@ -198,6 +202,7 @@ gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_
 gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (ptr == NULL) return GPUMEM_OK;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
   return gpumem__free_unmonitored(ctx, ptr, stream);
 }
@@ -219,6 +224,7 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
 
 gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device) {
   if (ctx == NULL || ptr == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, size, device) != 0) return GPUMEM_ERR_INVALID_POINTER;
   return GPUMEM_OK;
 }
@@ -228,6 +234,7 @@ gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size
 
 gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, uint64_t *released) {
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
   uint64_t rel = 0;
   gpumem_status first = GPUMEM_OK;
@@ -245,6 +252,7 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
 
 gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   if (ctx == NULL || (flags & ~GPUMEM_RESET_DEVICE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
   if ((flags & GPUMEM_RESET_DEVICE) && !gpumem__be_has_device_reset(ctx)) {
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "gpumem_reset: backend %s has no device reset", ctx->be_name);
@@ -290,6 +298,7 @@ static void stats_add(gpumem_stats *a, const gpumem_stats *b) {
 
 gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *out) {
   if (ctx == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   size_t want = out->struct_size ? out->struct_size : sizeof *out;
   if (want < GPUMEM__STATS_MIN) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
@@ -312,6 +321,7 @@ gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *ou
 
 gpumem_status gpumem_reset_peak_stats(gpumem_context *ctx, int device) {
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
   int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
   int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;

@@ -107,6 +107,19 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg, gpumem__options 
 int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out);
 
 /* ---------------------------------------------------------------------- */
+/* status.c: fork detection                                                 */
+
+/** Incremented in the child of every fork() (pthread_atfork, registered at the first gpumem_create). */
+extern _Atomic unsigned gpumem__fork_gen;
+/** Register the atfork handler once; returns the current generation. */
+unsigned gpumem__fork_init(void);
+/** True when ctx was created in the parent of this (forked) process: it must not be used here. */
+#define GPUMEM__FORKED(ctx) \
+  GPUMEM__UNLIKELY((ctx)->fork_gen != atomic_load_explicit(&gpumem__fork_gen, memory_order_relaxed))
+/** Status (and a WARN log line) for a call on a context inherited through fork(). */
+gpumem_status gpumem__forked_status(gpumem_context *ctx, const char *fn);
+
+/* ---------------------------------------------------------------------- */
 /* status.c: last backend error (thread-local)                             */
 
 void gpumem__set_last_backend_error(const gpumem_context *ctx, int code, const char *msg);
@@ -225,6 +238,7 @@ struct gpumem_context {
   _Atomic(gpumem__pool *) *pools; /* ndev entries, created lazily */
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
+  unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */
   /* trace.c: monitoring (traces, checking-tool annotations) */
   _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
   gpumem__mutex trace_lock;     /* guards trace and the trace file */

@@ -1108,7 +1108,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       }
       if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit, &grew);
       if (st == GPUMEM_OK) {
-        if (grew) check_free_fraction(p);
+        if (need > 0) check_free_fraction(p); /* mapped: new chunks, or idle ones moved here */
         *out = b;
         return GPUMEM_OK;
       }

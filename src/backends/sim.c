@@ -237,6 +237,14 @@ typedef struct sim_config { /* what the environment says */
 } sim_config;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+/* fork(): a child must be able to create a sim context of its own even if
+ * another parent thread held g_lock at the fork. */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+static void sim__atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void sim__atfork_release(void) { pthread_mutex_unlock(&g_lock); }
+static void sim__atfork_register(void) {
+  (void)pthread_atfork(sim__atfork_prepare, sim__atfork_release, sim__atfork_release);
+}
 
 static struct {
   int refs;
@@ -534,6 +542,7 @@ static void sim_annotate_free(gpumem_backend *be, int device, void *ptr, size_t 
 #endif
 
 static int sim_init(gpumem_backend *be) {
+  (void)pthread_once(&g_atfork_once, sim__atfork_register);
 #ifdef SIM_HAVE_VALGRIND
   /* be is the core's copy: without valgrind the core skips the annotations */
   if (be != NULL && !RUNNING_ON_VALGRIND) {
