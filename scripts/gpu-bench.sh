@@ -88,12 +88,22 @@ if [ ${#traces[@]} -eq 0 ]; then
   echo "no traces in $TRACES: replaying the shipped examples/traces/resnet50.txt.gz only" | tee -a "$summary"
   traces=(examples/traces/resnet50.txt.gz)
 fi
-want replay && step replay-cuda 540 "$T/gpumem-replay" --backend cuda --repeat 5 --sample-used --json-out "$OUT/replay-cuda.json" \
-  "${traces[@]}"
+# one trace per step (a slow one cannot hide the others); expandable segments (the default),
+# plain segments too with REPLAY_PLAIN=1
+RREPEAT=${REPLAY_REPEAT:-1}
+if want replay; then
+  for tr in "${traces[@]}"; do
+    n=$(basename "$tr" .txt.gz)
+    step "replay-cuda-$n" "${REPLAY_TIMEOUT:-90}" "$T/gpumem-replay" --backend cuda --repeat "$RREPEAT" --sample-used \
+      --json-out "$OUT/replay-cuda-$n.json" "$tr"
+    [ "${REPLAY_PLAIN:-0}" = 1 ] && GPUMEM_EXPANDABLE=0 step "replay-cuda-plain-$n" "${REPLAY_TIMEOUT:-90}" "$T/gpumem-replay" --backend cuda \
+      --repeat "$RREPEAT" --sample-used --json-out "$OUT/replay-cuda-plain-$n.json" "$tr"
+  done
+fi
 want sim && step replay-sim 300 "$T/gpumem-replay" --backend sim --repeat 5 --sample-used --json-out "$OUT/replay-sim.json" \
   "${traces[@]}"
 
 echo | tee -a "$summary"
-for f in info bench-cuda bench-torch-expandable bench-sim replay-cuda replay-sim; do
-  [ -f "$OUT/$f.log" ] && { echo "---- $f"; cat "$OUT/$f.log"; }
+for f in info bench-cuda bench-torch-expandable bench-sim replay-cuda replay-cuda-* replay-sim; do
+  for g in "$OUT"/$f.log; do [ -f "$g" ] && { echo "---- $(basename "$g" .log)"; cat "$g"; }; done
 done | tee -a "$summary"
