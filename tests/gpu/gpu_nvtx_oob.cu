@@ -27,6 +27,7 @@ int main(int argc, char **argv) {
   int clean = argc > 1 && strcmp(argv[1], "clean") == 0;
   gpumem_config cfg;
   gpumem_config_init(&cfg);
+  cfg.expandable = 0; /* the NVTX heaps are the cudaMalloc segments of the plain mode */
   gpumem_context *ctx = make_ctx(&cfg);
   unsigned char *a = NULL, *b = NULL;
   CHECK_ST(gpumem_alloc(ctx, 0, 1000, NULL, (void **)&a), GPUMEM_OK);
