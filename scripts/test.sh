@@ -32,7 +32,7 @@ if [ "${GPUMEM_TEST_SKIP_SANITIZERS:-0}" != 1 ]; then
     -DGPUMEM_WITH_CUDA=OFF -DGPUMEM_WITH_HIP=OFF -DGPUMEM_BUILD_EXAMPLES=OFF >/dev/null
   ninja -C build/asan -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build/asan -j "$JOBS" -L sim --output-on-failure
+    ctest --test-dir build/asan -j "$JOBS" -L sim -LE "python|tools" --output-on-failure
 
   step "TSan (threaded tests)"
   cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGPUMEM_WERROR=ON \
@@ -52,7 +52,7 @@ if [ "${GPUMEM_TEST_SKIP_SANITIZERS:-0}" != 1 ]; then
       -DCMAKE_C_FLAGS="-fsanitize=unsigned-integer-overflow -fsanitize-ignorelist=$PWD/fuzz/ubsan-ignore.txt" >/dev/null
     ninja -C build/clang-ubsan -j "$JOBS"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest --test-dir build/clang-ubsan -j "$JOBS" -L sim -LE python --output-on-failure
+      ctest --test-dir build/clang-ubsan -j "$JOBS" -L sim -LE "python|tools" --output-on-failure
 
     step "libFuzzer: fuzz_ops on the seed corpus, ${GPUMEM_FUZZ_SECONDS:-60} s"
     CC=clang cmake -S fuzz -B build/fuzz -G Ninja >/dev/null
