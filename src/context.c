@@ -18,6 +18,8 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   gpumem_context *ctx = calloc(1, sizeof *ctx);
   if (ctx == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   ctx->opt = opt;
+  /* per-thread caches: not with a release threshold (it counts every free block) */
+  ctx->tc_on = opt.release_threshold == GPUMEM_UNLIMITED;
   if (gpumem__mutex_init(&ctx->lock) != 0) {
     free(ctx);
     return GPUMEM_ERR_OUT_OF_MEMORY;
@@ -94,6 +96,7 @@ static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
 gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   if (ctx == NULL || (flags & ~GPUMEM_DESTROY_FORCE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1); /* every thread's cached blocks back to the pools */
   uint64_t count = 0, bytes = 0;
   gpumem__leak first[GPUMEM__LEAK_MAX];
   size_t nfirst = 0;
@@ -190,7 +193,9 @@ gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, 
   gpumem__pool *p;
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
-  st = gpumem__pool_alloc(p, size, stream, tag, out_ptr);
+  if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
+    return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr);
+  st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
   if (GPUMEM__MON_ON(ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
   return st;
 }
@@ -204,6 +209,7 @@ gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) 
   if (ptr == NULL) return GPUMEM_OK;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
+  if (GPUMEM__LIKELY(ctx->tc_on)) return gpumem__tc_free(ctx, ptr, stream);
   return gpumem__free_unmonitored(ctx, ptr, stream);
 }
 
@@ -243,6 +249,7 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     if (p == NULL) continue;
+    if (ctx->tc_on) (void)gpumem__tc_flush(ctx, p, 0);
     gpumem_status st = gpumem__pool_trim(p, keep_bytes, &rel);
     if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
   }
@@ -264,7 +271,13 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;
+    /* every cache lock is held across the reset: a free racing it lands in a cache flushed here, or fails */
+    if (p != NULL && ctx->tc_on) {
+      gpumem__tc_lock_all();
+      gpumem__tc_flush_locked(ctx, p);
+    }
     if (p != NULL) st = GPUMEM__MON_ON(ctx) ? gpumem__monitor_reset(ctx, p) : gpumem__pool_reset(p);
+    if (p != NULL && ctx->tc_on) gpumem__tc_unlock_all();
     if (st == GPUMEM_OK && (flags & GPUMEM_RESET_DEVICE)) st = gpumem__be_device_reset(ctx, d);
     if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
   }
@@ -306,13 +319,16 @@ gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *ou
   memset(&sum, 0, sizeof sum);
   int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
   int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  if (ctx->tc_on) gpumem__tc_lock_all(); /* exact: every thread cache's counters with the pool's */
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     if (p == NULL) continue;
     gpumem_stats one;
-    gpumem__pool_get_stats(p, &one);
+    if (ctx->tc_on) gpumem__tc_pool_stats(ctx, p, &one);
+    else gpumem__pool_get_stats(p, &one);
     stats_add(&sum, &one);
   }
+  if (ctx->tc_on) gpumem__tc_unlock_all();
   sum.struct_size = (uint32_t)(out->struct_size ? out->struct_size : sizeof sum);
   sum.reserved_ = 0;
   memcpy(out, &sum, want < sizeof sum ? want : sizeof sum);
@@ -325,10 +341,14 @@ gpumem_status gpumem_reset_peak_stats(gpumem_context *ctx, int device) {
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
   int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
   int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  if (ctx->tc_on) gpumem__tc_lock_all();
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
-    if (p != NULL) gpumem__pool_reset_peaks(p);
+    if (p == NULL) continue;
+    if (ctx->tc_on) gpumem__tc_reset_peaks(ctx, p);
+    else gpumem__pool_reset_peaks(p);
   }
+  if (ctx->tc_on) gpumem__tc_unlock_all();
   return GPUMEM_OK;
 }
 
@@ -337,6 +357,7 @@ gpumem_status gpumem_reset_peak_stats(gpumem_context *ctx, int device) {
 
 gpumem_status gpumem__check_invariants(gpumem_context *ctx) {
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 0); /* cached blocks are live for the pool, not in the index */
   for (int d = 0; d < ctx->ndev; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     if (p == NULL) continue;

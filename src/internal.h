@@ -158,14 +158,61 @@ void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size
 typedef struct gpumem__pool gpumem__pool;
 typedef struct gpumem__block gpumem__block;
 
+/** A block of a segment (pool.c owns it; a live one may sit in a thread cache, tcache.c). */
+struct gpumem__block {
+  uintptr_t addr;
+  size_t size;                 /* multiple of 256 */
+  struct gpumem__segment *seg;
+  gpumem__block *prev, *next;  /* address order within the segment */
+  gpumem__block *fprev, *fnext;/* bucket list of the fidx (free blocks) */
+  struct gpumem__fidx *idx;    /* the fidx holding it, NULL = live (or in a thread cache) */
+  size_t requested;            /* live: bytes asked for */
+  const char *tag;             /* live: tag for leak reports */
+  uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
+};
+
+/**
+ * Accounting of one thread cache towards its pool (tcache.c). Blocks in a
+ * thread cache are live for the pool (allocated_bytes counts them); the true
+ * allocated bytes are the pool's minus every cache's `cached`. `cached` and
+ * `headroom` change only under the pool lock, or by the owning thread under
+ * its cache lock (the pool reads them under the pool lock during that
+ * thread's own pool call). headroom <= cached: bytes the owner may take out
+ * of its cache without raising the allocated peak (true + sum of headrooms
+ * <= peak), so the peak is exact with one thread and an upper bound with several.
+ */
+typedef struct gpumem__tc_acct {
+  uint64_t cached;
+  uint64_t headroom;
+  int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while cached > 0 (it returned GPUMEM_ERR_BUSY) */
+} gpumem__tc_acct;
+
 /** Create the pool of one device (and its initial segment if configured). */
 gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out);
 /** Give everything back (no live-block check) and free the pool. */
 void gpumem__pool_destroy(gpumem__pool *pool);
 
-gpumem_status gpumem__pool_alloc(gpumem__pool *pool, size_t size, gpumem_stream stream, const char *tag, void **out);
+/** acct: the calling thread's cache accounting when that cache belongs to this pool (exact peak), else NULL. */
+gpumem_status gpumem__pool_alloc(gpumem__pool *pool, size_t size, gpumem_stream stream, const char *tag, void **out,
+                                 gpumem__tc_acct *acct);
 /** Free a block whose pointer was looked up in the pointer index (the pool validates it under its lock). */
 gpumem_status gpumem__pool_free(gpumem__pool *pool, void *ptr, gpumem_stream stream);
+/** Free a live block the caller already removed from the pointer index (it owns it). */
+void gpumem__pool_free_block(gpumem__pool *pool, gpumem__block *b, gpumem_stream stream);
+/**
+ * Give n blocks of a thread cache back to the pool as frees on `stream`
+ * (named: this call names the stream, so its event may be recorded now).
+ * acct->cached drops by their bytes under the pool lock; the cache's
+ * counters (req/allocs/frees/live deltas) are folded into the pool's and zeroed.
+ */
+void gpumem__pool_put_cached(gpumem__pool *pool, gpumem__tc_acct *acct, gpumem__block **blocks, size_t n,
+                             gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
+                             uint64_t *d_frees);
+/** Raise the allocated peak to the pool's allocated bytes minus acct->cached; renew acct->headroom. */
+void gpumem__pool_tc_peak(gpumem__pool *pool, gpumem__tc_acct *acct);
+/** The pool lock and statistics, for the thread caches' exact reads (tcache.c). */
+gpumem__mutex *gpumem__pool_mutex(gpumem__pool *pool);
+gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *pool);
 gpumem_status gpumem__pool_trim(gpumem__pool *pool, uint64_t keep_bytes, uint64_t *released);
 gpumem_status gpumem__pool_reset(gpumem__pool *pool);
 void gpumem__pool_get_stats(gpumem__pool *pool, gpumem_stats *st);
@@ -194,7 +241,7 @@ typedef struct gpumem__ptrmap_entry {
 } gpumem__ptrmap_entry;
 
 typedef struct gpumem__ptrmap_shard {
-  gpumem__mutex lock;
+  atomic_int lock;        /* spinlock (ptrmap.c) */
   size_t cap;             /* power of two, or 0 */
   size_t count;
   gpumem__ptrmap_entry *slots;
@@ -215,6 +262,8 @@ int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
 /** Remove key when it maps to pool; returns the block or NULL. */
 gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool);
+/** Remove key whatever its pool; returns the block (and its pool in *pool) or NULL. */
+gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool);
 /** Look key up and copy out the requested size and device of its live block. 0 if found. */
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device);
 /** 1 if key maps to exactly (block, pool). */
@@ -239,11 +288,32 @@ struct gpumem_context {
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
   unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */
+  int tc_on;                    /* per-thread caches in use (tcache.c); set at create */
   /* trace.c: monitoring (traces, checking-tool annotations) */
   _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
   gpumem__mutex trace_lock;     /* guards trace and the trace file */
   struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
 };
+
+/* ---------------------------------------------------------------------- */
+/* tcache.c: per-thread caches (used when ctx->tc_on and no monitoring hook is on) */
+
+/** Allocate through the calling thread's cache, else the pool (flushing every cache of p on out of memory). */
+gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
+                               const char *tag, void **out);
+/** Free a non-NULL ptr into the calling thread's cache, else to its pool; validates like gpumem_free. */
+gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
+/** Give back every cached block of ctx (of pool p; NULL = all pools); detach: forget ctx. Returns blocks flushed. */
+size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach);
+/** Take / release every thread cache's lock (a reset holds them across the pool reset; statistics reads). */
+void gpumem__tc_lock_all(void);
+void gpumem__tc_unlock_all(void);
+/** With every cache locked: flush the caches of pool p. */
+void gpumem__tc_flush_locked(gpumem_context *ctx, gpumem__pool *p);
+/** With every cache locked: the exact statistics of p (the pool's, adjusted by the caches). */
+void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *one);
+/** With every cache locked: reset the peaks of p to the exact current values. */
+void gpumem__tc_reset_peaks(gpumem_context *ctx, gpumem__pool *p);
 
 /* ---------------------------------------------------------------------- */
 /* trace.c: monitoring hooks, called by the entry points when ctx->mon != 0 */

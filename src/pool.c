@@ -76,17 +76,7 @@ typedef struct gpumem__fidx gpumem__fidx;
 typedef struct gpumem__srec gpumem__srec;
 typedef struct gpumem__batch gpumem__batch;
 
-struct gpumem__block {
-  uintptr_t addr;
-  size_t size;                 /* multiple of 256 */
-  gpumem__segment *seg;
-  gpumem__block *prev, *next;  /* address order within the segment */
-  gpumem__block *fprev, *fnext;/* bucket list of the fidx (free blocks) */
-  gpumem__fidx *idx;           /* the fidx holding it, NULL = live */
-  size_t requested;            /* live: bytes asked for */
-  const char *tag;             /* live: tag for leak reports */
-  uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
-};
+/* struct gpumem__block is in internal.h (the thread caches, tcache.c, read its size and set requested/tag) */
 
 typedef struct gpumem__tlsf {
   uint64_t fl_bitmap;
@@ -164,6 +154,8 @@ struct gpumem__pool {
   gpumem__fidx *ffree;
   gpumem__batch *batch_free;
   uint64_t hungry;             /* misses that wanted other streams' free blocks (see stream_touch) */
+  int nogrow;                  /* this call's thread cache holds blocks: do not grow, let it flush first */
+  int grow_blocked;            /* ... and the call would have grown */
   size_t nmarks;               /* streams with a pending mark */
   gpumem_stats st;
   gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
@@ -1161,6 +1153,10 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
     return GPUMEM_OK;
   }
 
+  if (p->nogrow) { /* the caller's thread cache flushes and asks again: its blocks may fit */
+    p->grow_blocked = 1;
+    return GPUMEM_ERR_BUSY;
+  }
   gpumem_status st = grow(p, rsize, rcls, 0, out);
   if (st == GPUMEM_OK) {
     check_free_fraction(p);
@@ -1216,7 +1212,8 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
   return st;
 }
 
-gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream stream, const char *tag, void **out) {
+gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream stream, const char *tag, void **out,
+                                 gpumem__tc_acct *acct) {
   if (size > SIZE_MAX - (GPUMEM__LARGE_ROUND - 1)) return GPUMEM_ERR_INVALID_ARGUMENT; /* rounding would overflow */
   size_t rsize = (size + GPUMEM__ALIGN - 1) & ~(GPUMEM__ALIGN - 1);
   int rcls = rsize <= GPUMEM__SMALL_MAX ? CLS_SMALL : CLS_LARGE;
@@ -1232,7 +1229,15 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       st = GPUMEM_ERR_OUT_OF_MEMORY; /* can never fit: no trimming, no callback */
       attempt = 1;
     } else {
+      p->nogrow = acct != NULL && acct->cached > 0;
       st = alloc_locked(p, rsize, rcls, stream, &b);
+      p->nogrow = 0;
+      if (p->grow_blocked) {
+        p->grow_blocked = 0;
+        acct->grow_blocked = 1;
+        gpumem__mutex_unlock(&p->lock);
+        return GPUMEM_ERR_BUSY;
+      }
     }
     if (st == GPUMEM_OK) {
       if (gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) != 0) {
@@ -1251,7 +1256,11 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       b->requested = size;
       b->tag = tag;
       p->st.allocated_bytes += b->size;
-      if (p->st.allocated_bytes > p->st.allocated_peak) p->st.allocated_peak = p->st.allocated_bytes;
+      if (acct != NULL) {
+        gpumem__pool_tc_peak(p, acct); /* the caller's cached blocks are not allocated */
+      } else if (p->st.allocated_bytes > p->st.allocated_peak) {
+        p->st.allocated_peak = p->st.allocated_bytes;
+      }
       p->st.requested_bytes += size;
       p->st.num_allocs++;
       p->st.num_live++;
@@ -1292,13 +1301,8 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
   }
 }
 
-gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream) {
-  gpumem__mutex_lock(&p->lock);
-  gpumem__block *b = gpumem__ptrmap_remove(&p->ctx->map, (uintptr_t)ptr, p);
-  if (b == NULL) {
-    gpumem__mutex_unlock(&p->lock);
-    return GPUMEM_ERR_INVALID_POINTER;
-  }
+/* Free a live block already out of the pointer index, under the pool lock. */
+static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream, int named) {
   p->st.allocated_bytes -= b->size;
   p->st.requested_bytes -= b->requested;
   p->st.num_frees++;
@@ -1309,12 +1313,22 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   if (r != NULL) {
     b->fseq = ++r->seq;
     insert_coalesce(p, r->idx, b);
-    stream_touch(p, r); /* the event for other streams is recorded now, on the stream of this call */
+    if (named) stream_touch(p, r); /* the event for other streams is recorded now, on the stream of this call */
   } else {
     /* no host memory for a stream record: wait, then the block is usable by all */
     (void)gpumem__be_device_synchronize(p->ctx, p->device);
     insert_coalesce(p, p->ready, b);
   }
+}
+
+gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream) {
+  gpumem__mutex_lock(&p->lock);
+  gpumem__block *b = gpumem__ptrmap_remove(&p->ctx->map, (uintptr_t)ptr, p);
+  if (b == NULL) {
+    gpumem__mutex_unlock(&p->lock);
+    return GPUMEM_ERR_INVALID_POINTER;
+  }
+  free_locked(p, b, stream, 1);
   check_threshold(p);
 #ifdef GPUMEM_DEBUG
   if (gpumem__pool_check_locked_(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after free");
@@ -1322,6 +1336,50 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   gpumem__mutex_unlock(&p->lock);
   return GPUMEM_OK;
 }
+
+void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) {
+  gpumem__mutex_lock(&p->lock);
+  free_locked(p, b, stream, 1);
+  check_threshold(p);
+  gpumem__mutex_unlock(&p->lock);
+}
+
+void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__block **blocks, size_t n,
+                             gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
+                             uint64_t *d_frees) {
+  gpumem__mutex_lock(&p->lock);
+  for (size_t i = 0; i < n; i++) {
+    gpumem__block *b = blocks[i];
+    acct->cached -= b->size;
+    /* the cache already counted this free: the pool's counters get it, the cache's deltas give it back */
+    *d_req += (int64_t)b->requested;
+    *d_live += 1;
+    *d_frees -= 1;
+    free_locked(p, b, stream, named && i + 1 == n);
+  }
+  if (acct->headroom > acct->cached) acct->headroom = acct->cached;
+  p->st.requested_bytes = (uint64_t)((int64_t)p->st.requested_bytes + *d_req);
+  p->st.num_live = (uint64_t)((int64_t)p->st.num_live + *d_live);
+  p->st.num_allocs += *d_allocs;
+  p->st.num_frees += *d_frees;
+  *d_req = 0;
+  *d_live = 0;
+  *d_allocs = 0;
+  *d_frees = 0;
+  if (n > 0) check_threshold(p);
+  gpumem__mutex_unlock(&p->lock);
+}
+
+void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
+  /* the caller holds the pool lock */
+  uint64_t cur = p->st.allocated_bytes - acct->cached;
+  if (cur > p->st.allocated_peak) p->st.allocated_peak = cur;
+  uint64_t room = p->st.allocated_peak - cur;
+  acct->headroom = room < acct->cached ? room : acct->cached;
+}
+
+gpumem__mutex *gpumem__pool_mutex(gpumem__pool *p) { return &p->lock; }
+gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *p) { return &p->st; }
 
 /* ---------------------------------------------------------------------- */
 /* Trim, reset, stats                                                      */
@@ -1682,7 +1740,8 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
   CHECK(seen == free_blocks);
   CHECK(reserved + (p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0) == p->st.reserved_bytes);
   CHECK(allocated == p->st.allocated_bytes);
-  CHECK(requested == p->st.requested_bytes);
+  /* a block reused from a thread cache changed its requested size without the pool: exact once the caches are flushed */
+  CHECK(requested == p->st.requested_bytes || (p->ctx->tc_on && !check_map));
   CHECK(live == p->st.num_live);
   CHECK(nseg == p->st.num_segments);
   CHECK(p->st.allocated_peak >= p->st.allocated_bytes);

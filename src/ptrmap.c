@@ -2,9 +2,10 @@
  * by its address; gpumem_free() validates its pointer against it, so a
  * foreign, interior or already-freed pointer is rejected without changing
  * anything. 64 shards, each an open-addressing table (linear probing,
- * backward-shift deletion) under its own mutex. */
+ * backward-shift deletion) under its own spinlock. */
 #include "internal.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,20 @@ static inline uint64_t hash_key(uintptr_t key) {
   return x;
 }
 
+/* Shard lock: a spinlock (exchange to take, release-store to give back, yield
+ * after a few spins); held only for a probe, never across another lock. */
+static inline void shard_lock(gpumem__ptrmap_shard *s) {
+  if (GPUMEM__LIKELY(atomic_exchange_explicit(&s->lock, 1, memory_order_acquire) == 0)) return;
+  for (;;) {
+    for (int i = 0; i < 64; i++)
+      if (atomic_load_explicit(&s->lock, memory_order_relaxed) == 0 &&
+          atomic_exchange_explicit(&s->lock, 1, memory_order_acquire) == 0)
+        return;
+    sched_yield();
+  }
+}
+static inline void shard_unlock(gpumem__ptrmap_shard *s) { atomic_store_explicit(&s->lock, 0, memory_order_release); }
+
 static inline gpumem__ptrmap_shard *shard_of(gpumem__ptrmap *m, uint64_t h) {
   return &m->shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
 }
@@ -26,10 +41,7 @@ int gpumem__ptrmap_init(gpumem__ptrmap *m) {
     s->cap = 0;
     s->count = 0;
     s->slots = NULL;
-    if (gpumem__mutex_init(&s->lock) != 0) {
-      while (--i >= 0) gpumem__mutex_destroy(&m->shards[i].lock);
-      return -1;
-    }
+    atomic_init(&s->lock, 0);
   }
   return 0;
 }
@@ -38,7 +50,6 @@ void gpumem__ptrmap_destroy(gpumem__ptrmap *m) {
   for (int i = 0; i < GPUMEM__PTRMAP_SHARDS; i++) {
     free(m->shards[i].slots);
     m->shards[i].slots = NULL;
-    gpumem__mutex_destroy(&m->shards[i].lock);
   }
 }
 
@@ -66,19 +77,19 @@ static inline int need_grow(const gpumem__ptrmap_shard *s) { return (s->count + 
 
 int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
   gpumem__ptrmap_shard *s = shard_of(m, hash_key(key));
-  gpumem__mutex_lock(&s->lock);
+  shard_lock(s);
   int rc = 0;
   if (need_grow(s)) rc = grow(s);
-  gpumem__mutex_unlock(&s->lock);
+  shard_unlock(s);
   return rc;
 }
 
 int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  gpumem__mutex_lock(&s->lock);
+  shard_lock(s);
   if (need_grow(s) && grow(s) != 0) {
-    gpumem__mutex_unlock(&s->lock);
+    shard_unlock(s);
     return -1;
   }
   size_t i = home(s, h);
@@ -87,7 +98,7 @@ int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gp
   s->slots[i].key = key;
   s->slots[i].block = b;
   s->slots[i].pool = pool;
-  gpumem__mutex_unlock(&s->lock);
+  shard_unlock(s);
   return 0;
 }
 
@@ -105,22 +116,46 @@ static size_t find(const gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  gpumem__mutex_lock(&s->lock);
+  shard_lock(s);
   size_t i = find(s, key, h);
   gpumem__pool *p = i == SIZE_MAX ? NULL : s->slots[i].pool;
-  gpumem__mutex_unlock(&s->lock);
+  shard_unlock(s);
   return p;
 }
+
+/* Remove slot i of s (backward-shift deletion); returns its block. Caller holds the lock. */
+static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i);
 
 gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  gpumem__mutex_lock(&s->lock);
+  shard_lock(s);
   size_t i = find(s, key, h);
   if (i == SIZE_MAX || s->slots[i].pool != pool) {
-    gpumem__mutex_unlock(&s->lock);
+    shard_unlock(s);
     return NULL;
   }
+  gpumem__block *b = remove_at(s, i);
+  shard_unlock(s);
+  return b;
+}
+
+gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool) {
+  uint64_t h = hash_key(key);
+  gpumem__ptrmap_shard *s = shard_of(m, h);
+  shard_lock(s);
+  size_t i = find(s, key, h);
+  if (i == SIZE_MAX) {
+    shard_unlock(s);
+    return NULL;
+  }
+  *pool = s->slots[i].pool;
+  gpumem__block *b = remove_at(s, i);
+  shard_unlock(s);
+  return b;
+}
+
+static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
   gpumem__block *b = s->slots[i].block;
   /* backward-shift deletion */
   size_t mask = s->cap - 1;
@@ -139,23 +174,22 @@ gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__p
   s->slots[i].block = NULL;
   s->slots[i].pool = NULL;
   s->count--;
-  gpumem__mutex_unlock(&s->lock);
   return b;
 }
 
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  gpumem__mutex_lock(&s->lock);
+  shard_lock(s);
   size_t i = find(s, key, h);
   if (i == SIZE_MAX) {
-    gpumem__mutex_unlock(&s->lock);
+    shard_unlock(s);
     return -1;
   }
   /* the block is live while its entry exists, and entries only go away under this lock */
   size_t r = gpumem__block_requested(s->slots[i].block);
   int d = gpumem__pool_device_of(s->slots[i].pool);
-  gpumem__mutex_unlock(&s->lock);
+  shard_unlock(s);
   if (requested != NULL) *requested = r;
   if (device != NULL) *device = d;
   return 0;
@@ -164,10 +198,10 @@ int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int
 int gpumem__ptrmap_contains(gpumem__ptrmap *m, uintptr_t key, const gpumem__block *b, const gpumem__pool *pool) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  gpumem__mutex_lock(&s->lock);
+  shard_lock(s);
   size_t i = find(s, key, h);
   int ok = i != SIZE_MAX && s->slots[i].block == b && s->slots[i].pool == pool;
-  gpumem__mutex_unlock(&s->lock);
+  shard_unlock(s);
   return ok;
 }
 
@@ -175,10 +209,10 @@ size_t gpumem__ptrmap_count_pool(gpumem__ptrmap *m, const gpumem__pool *pool) {
   size_t n = 0;
   for (int k = 0; k < GPUMEM__PTRMAP_SHARDS; k++) {
     gpumem__ptrmap_shard *s = &m->shards[k];
-    gpumem__mutex_lock(&s->lock);
+    shard_lock(s);
     for (size_t i = 0; i < s->cap; i++)
       if (s->slots[i].key != 0 && s->slots[i].pool == pool) n++;
-    gpumem__mutex_unlock(&s->lock);
+    shard_unlock(s);
   }
   return n;
 }

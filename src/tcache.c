@@ -1,0 +1,342 @@
+/* tcache.c: per-thread caches in front of the pools (issue 4).
+ *
+ * Each thread that allocates or frees gets one cache, keyed by (context,
+ * pool, stream). A free on S of a block of that pool, up to TC_MAX_SIZE,
+ * takes the block out of the pointer index (the removal is the ownership
+ * step: of two threads freeing one pointer exactly one removes it) and
+ * keeps it in a bin of its exact block size; an alloc on S of that rounded
+ * size pops it and puts it back into the index. Neither takes the pool lock.
+ * Stream order: the cache only ever serves the stream the block was freed
+ * on. Cached blocks are live for the pool; statistics are the pool's
+ * adjusted by every cache's counters, read under every cache lock.
+ *
+ * Locks: g_reg (the list of every thread cache) -> cache locks (list
+ * order) -> pool lock -> pointer-index shard lock. A cache lock is a
+ * spinlock its owner holds only inside an allocator call (never across the
+ * pool's out-of-memory callback), so flushes by other threads (trim, reset,
+ * out of memory, destroy, statistics) never wait on a blocked thread.
+ * Thread exit (a pthread key destructor) flushes the cache and frees it;
+ * gpumem_destroy flushes and detaches every cache of the context.
+ */
+#include "internal.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TC_MAX_SIZE ((size_t)1 << 20)  /* block sizes cached: up to 1 MiB */
+#define TC_BINS 32                     /* direct-mapped by block size */
+#define TC_BIN_CAP 8                   /* blocks per bin */
+#define TC_MAX_BYTES ((uint64_t)4 << 20) /* bytes per cache */
+#define TC_REKEY_MISSES 16             /* calls on another key before a non-empty cache is flushed and rekeyed */
+
+typedef struct tc_bin {
+  size_t size; /* block size held (valid while n > 0) */
+  unsigned n;
+  gpumem__block *b[TC_BIN_CAP];
+} tc_bin;
+
+typedef struct gpumem__tc {
+  atomic_int busy;             /* the spinlock */
+  gpumem_context *ctx;         /* key; NULL = detached */
+  gpumem__pool *pool;
+  gpumem_stream stream;
+  gpumem__tc_acct acct;        /* cached bytes, headroom (see internal.h) */
+  int64_t d_req, d_live;       /* counters not yet in the pool's statistics */
+  uint64_t d_allocs, d_frees;
+  unsigned nblocks, misses;
+  struct gpumem__tc *prev, *next; /* g_reg list */
+  tc_bin bins[TC_BINS];
+} gpumem__tc;
+
+static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
+static gpumem__tc *g_list;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_key;
+static int g_key_ok;
+static _Thread_local gpumem__tc *tls_tc;
+static _Thread_local int tls_dead; /* the destructor ran: no new cache for this thread */
+
+static inline void tc_lock(gpumem__tc *c) {
+  if (GPUMEM__LIKELY(atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0)) return;
+  for (;;) {
+    for (int i = 0; i < 64; i++)
+      if (atomic_load_explicit(&c->busy, memory_order_relaxed) == 0 &&
+          atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0)
+        return;
+    sched_yield();
+  }
+}
+static inline void tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->busy, 0, memory_order_release); }
+
+static inline tc_bin *bin_of(gpumem__tc *c, size_t bsize) {
+  return &c->bins[(uint32_t)((bsize >> 8) * 0x9E3779B1u) >> 27];
+}
+
+/* Give every cached block back to c->pool and fold the counters. Cache lock held. */
+static void flush_locked(gpumem__tc *c, int named) {
+  if (c->pool == NULL) return;
+  if (c->nblocks == 0 && c->d_req == 0 && c->d_live == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
+  gpumem__block *all[TC_BINS * TC_BIN_CAP];
+  size_t n = 0;
+  for (int i = 0; i < TC_BINS; i++) {
+    tc_bin *bn = &c->bins[i];
+    while (bn->n > 0) all[n++] = bn->b[--bn->n];
+  }
+  gpumem__pool_put_cached(c->pool, &c->acct, all, n, c->stream, named, &c->d_req, &c->d_live, &c->d_allocs,
+                          &c->d_frees);
+  c->nblocks = 0;
+}
+
+static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
+  if (c->ctx != NULL) flush_locked(c, 0);
+  c->ctx = ctx;
+  c->pool = p;
+  c->stream = stream;
+  c->acct.cached = 0;
+  c->acct.headroom = 0;
+  c->misses = 0;
+}
+
+static void tc_destructor(void *arg) {
+  gpumem__tc *c = arg;
+  pthread_mutex_lock(&g_reg);
+  tc_lock(c);
+  if (c->ctx != NULL) flush_locked(c, 0);
+  c->ctx = NULL;
+  if (c->prev != NULL) c->prev->next = c->next;
+  else g_list = c->next;
+  if (c->next != NULL) c->next->prev = c->prev;
+  tc_unlock(c);
+  pthread_mutex_unlock(&g_reg);
+  tls_tc = NULL;
+  tls_dead = 1;
+  free(c);
+}
+
+/* fork: the child must not find the list or a cache locked by a thread that
+ * does not exist there. The caches of the parent's threads hold blocks of
+ * the parent's contexts, which the child cannot use: forgotten there. */
+static void fork_prepare(void) { gpumem__tc_lock_all(); }
+static void fork_parent(void) { gpumem__tc_unlock_all(); }
+static void fork_child(void) {
+  gpumem__tc *c = g_list;
+  g_list = NULL;
+  while (c != NULL) {
+    gpumem__tc *n = c->next;
+    if (c == tls_tc) {
+      memset(c, 0, sizeof *c);
+      atomic_init(&c->busy, 0);
+      g_list = c;
+    } else {
+      free(c);
+    }
+    c = n;
+  }
+  pthread_mutex_unlock(&g_reg); /* taken by fork_prepare in this thread */
+}
+
+static void key_init(void) {
+  g_key_ok = pthread_key_create(&g_key, tc_destructor) == 0;
+  if (g_key_ok && pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) {
+    (void)pthread_key_delete(g_key);
+    g_key_ok = 0;
+  }
+}
+
+/* This thread's cache, created on first use; NULL when none can be had. */
+static gpumem__tc *tc_self(void) {
+  gpumem__tc *c = tls_tc;
+  if (GPUMEM__LIKELY(c != NULL)) return c;
+  if (tls_dead) return NULL;
+  (void)pthread_once(&g_once, key_init);
+  if (!g_key_ok) return NULL;
+  c = calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  atomic_init(&c->busy, 0);
+  if (pthread_setspecific(g_key, c) != 0) {
+    free(c);
+    return NULL;
+  }
+  pthread_mutex_lock(&g_reg);
+  c->next = g_list;
+  if (g_list != NULL) g_list->prev = c;
+  g_list = c;
+  pthread_mutex_unlock(&g_reg);
+  tls_tc = c;
+  return c;
+}
+
+/* After a call on another key: rekey an empty cache at once, a full one after a few misses. Cache lock held. */
+static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
+  if (c->nblocks == 0 || ++c->misses >= TC_REKEY_MISSES) tc_rekey(c, ctx, p, stream);
+}
+
+gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
+                               const char *tag, void **out) {
+  gpumem__tc *c = tc_self();
+  if (c == NULL) return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
+  gpumem__tc_acct *acct = NULL;
+  tc_lock(c);
+  if (c->ctx == ctx && c->pool == p && c->stream == stream) {
+    c->misses = 0;
+    acct = &c->acct;
+    size_t rsize = (size + 255) & ~(size_t)255;
+    if (size <= TC_MAX_SIZE) {
+      tc_bin *bn = bin_of(c, rsize);
+      if (bn->n > 0 && bn->size == rsize) {
+        gpumem__block *b = bn->b[--bn->n];
+        size_t oreq = b->requested;
+        const char *otag = b->tag;
+        b->requested = size; /* before the block is in the index again (gpumem_ptr_info reads it) */
+        b->tag = tag;
+        if (GPUMEM__LIKELY(gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) == 0)) {
+          c->nblocks--;
+          c->acct.cached -= b->size;
+          c->d_req += (int64_t)size;
+          c->d_live++;
+          c->d_allocs++;
+          if (b->size <= c->acct.headroom) {
+            c->acct.headroom -= b->size;
+          } else {
+            gpumem__mutex_lock(gpumem__pool_mutex(p));
+            gpumem__pool_tc_peak(p, &c->acct);
+            gpumem__mutex_unlock(gpumem__pool_mutex(p));
+          }
+          tc_unlock(c);
+          *out = (void *)b->addr;
+          return GPUMEM_OK;
+        }
+        b->requested = oreq;
+        b->tag = otag;
+        bn->n++; /* host out of memory for the index: leave it cached, the pool path reports it */
+      }
+    }
+  }
+  tc_unlock(c);
+  /* acct is read by the pool under its lock: only this thread, or a flush under the pool lock, changes it */
+  gpumem_status st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
+  if (acct != NULL && acct->grow_blocked) {
+    /* the pool would grow while this cache holds blocks: give them back first (plain segments: cached
+     * blocks pin pieces of segments; flushed, they coalesce and may serve this request) */
+    acct->grow_blocked = 0;
+    tc_lock(c);
+    if (c->ctx == ctx && c->pool == p) flush_locked(c, c->stream == stream);
+    tc_unlock(c);
+    st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
+  }
+  if (st == GPUMEM_ERR_OUT_OF_MEMORY || st == GPUMEM_ERR_LIMIT_EXCEEDED) {
+    if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
+  }
+  if (acct == NULL) {
+    tc_lock(c);
+    tc_miss(c, ctx, p, stream);
+    tc_unlock(c);
+  }
+  return st;
+}
+
+gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+  gpumem__tc *c = tc_self();
+  if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
+  tc_lock(c);
+  gpumem__pool *p = NULL;
+  gpumem__block *b = gpumem__ptrmap_take(&ctx->map, (uintptr_t)ptr, &p);
+  if (b == NULL) {
+    tc_unlock(c);
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN,
+                "gpumem_free(%p): not a live allocation of this context (never allocated, already freed, or interior)",
+                ptr);
+    return GPUMEM_ERR_INVALID_POINTER;
+  }
+  /* this thread owns b now; a reset takes every cache lock first, so it cannot drop b under us */
+  if (c->ctx == ctx && c->pool == p && c->stream == stream) {
+    c->misses = 0;
+    if (b->size <= TC_MAX_SIZE && c->acct.cached + b->size <= TC_MAX_BYTES) {
+      tc_bin *bn = bin_of(c, b->size);
+      if (bn->n == 0) bn->size = b->size;
+      if (bn->size == b->size && bn->n < TC_BIN_CAP) {
+        bn->b[bn->n++] = b;
+        c->nblocks++;
+        c->acct.cached += b->size;
+        c->acct.headroom += b->size;
+        c->d_req -= (int64_t)b->requested;
+        c->d_live--;
+        c->d_frees++;
+        tc_unlock(c);
+        return GPUMEM_OK;
+      }
+    }
+    gpumem__pool_free_block(p, b, stream);
+  } else {
+    gpumem__pool_free_block(p, b, stream);
+    tc_miss(c, ctx, p, stream);
+  }
+  tc_unlock(c);
+  return GPUMEM_OK;
+}
+
+size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
+  size_t n = 0;
+  pthread_mutex_lock(&g_reg);
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
+    tc_lock(c);
+    if (c->ctx == ctx && (p == NULL || c->pool == p)) {
+      n += c->nblocks;
+      flush_locked(c, 0);
+      if (detach) {
+        c->ctx = NULL;
+        c->pool = NULL;
+        c->acct.cached = 0;
+        c->acct.headroom = 0;
+      }
+    }
+    tc_unlock(c);
+  }
+  pthread_mutex_unlock(&g_reg);
+  return n;
+}
+
+void gpumem__tc_lock_all(void) {
+  pthread_mutex_lock(&g_reg);
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) tc_lock(c);
+}
+
+void gpumem__tc_unlock_all(void) {
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) tc_unlock(c);
+  pthread_mutex_unlock(&g_reg);
+}
+
+void gpumem__tc_flush_locked(gpumem_context *ctx, gpumem__pool *p) {
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next)
+    if (c->ctx == ctx && c->pool == p) flush_locked(c, 0);
+}
+
+void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *one) {
+  gpumem__mutex_lock(gpumem__pool_mutex(p));
+  *one = *gpumem__pool_stats_locked(p);
+  gpumem__mutex_unlock(gpumem__pool_mutex(p));
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
+    if (c->ctx != ctx || c->pool != p) continue;
+    one->allocated_bytes -= c->acct.cached;
+    one->requested_bytes = (uint64_t)((int64_t)one->requested_bytes + c->d_req);
+    one->num_live = (uint64_t)((int64_t)one->num_live + c->d_live);
+    one->num_allocs += c->d_allocs;
+    one->num_frees += c->d_frees;
+  }
+  one->cached_bytes = one->reserved_bytes - one->allocated_bytes;
+}
+
+void gpumem__tc_reset_peaks(gpumem_context *ctx, gpumem__pool *p) {
+  gpumem__mutex_lock(gpumem__pool_mutex(p));
+  gpumem_stats *st = gpumem__pool_stats_locked(p);
+  uint64_t cur = st->allocated_bytes;
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
+    if (c->ctx != ctx || c->pool != p) continue;
+    cur -= c->acct.cached;
+    c->acct.headroom = 0;
+  }
+  st->allocated_peak = cur;
+  st->reserved_peak = st->reserved_bytes;
+  gpumem__mutex_unlock(gpumem__pool_mutex(p));
+}
