@@ -4,6 +4,7 @@
 #   nvtx    compute-sanitizer memcheck with NVTX annotations on a planted out-of-bounds write
 #   replay  scripts/gpu-bench.sh build info replay   (the traces through the cuda backend)
 #   bench   scripts/gpu-bench.sh bench               (libgpumem vs cudaMalloc vs cudaMallocAsync vs PyTorch)
+#   soak    tests/test_soak on the cuda backend, 16 threads, SOAK_SECONDS (60)
 #   python  scripts/gpu-python.sh                    (pytest on cuda, ResNet-18 loss match, trim, CuPy)
 # Usage: bash scripts/gpu-all.sh [part...]   (default: suite nvtx replay bench python)
 # Each part gets a time limit; parts are skipped once DEADLINE seconds (default 560) are used.
@@ -50,6 +51,8 @@ nvtx() {
 }
 export -f nvtx; export ROOT
 want nvtx && part nvtx 120 bash -c nvtx
+want soak && part soak "$((${SOAK_SECONDS:-60} + 30))" env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off \
+  GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak"
 want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
 want bench && part bench 240 env OUT="$W/bench2" BUILD=build-gpu-bench REPEAT=${REPEAT:-5} bash scripts/gpu-bench.sh bench
 want python && part python 200 env OUT="$W/python" bash scripts/gpu-python.sh
