@@ -803,7 +803,9 @@ static void check_free_fraction(gpumem__pool *p) {
   if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return;
   if ((double)fr >= frac * (double)tot) return;
   uint64_t rel = 0;
-  poll_pending(p);
+  /* memory pressure, as in the out-of-memory path: wait for the device so
+   * that blocks freed on any stream count as free, then give them back */
+  sync_all(p);
   (void)release_empty(p, 0, &rel);
   count_trim(p, rel, "low device memory");
 }
