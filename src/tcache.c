@@ -181,8 +181,8 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
   if (c->ctx == ctx && c->pool == p && c->stream == stream) {
     c->misses = 0;
     acct = &c->acct;
-    size_t rsize = (size + 255) & ~(size_t)255;
     if (size <= TC_MAX_SIZE) {
+      size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
       tc_bin *bn = bin_of(c, rsize);
       if (bn->n > 0 && bn->size == rsize) {
         gpumem__block *b = bn->b[--bn->n];
