@@ -1093,14 +1093,13 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
     } else {
       gpumem__fidx *from = b->idx;
       uint64_t held = p->st.reserved_bytes;
-      int grew = 0;
       if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
         b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
         need = vm_need(b, rsize);
       } else {
         take(p, b, rsize);
       }
-      if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit, &grew);
+      if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit);
       if (st == GPUMEM_OK) {
         if (need > 0) check_free_fraction(p); /* mapped: new chunks, or idle ones moved here */
         *out = b;

@@ -320,7 +320,7 @@ size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t siz
 
 /* A chunk for a granule about to be mapped: spare, else moved from an idle
  * granule (the oldest), else new. */
-static gpumem_status get_chunk(gpumem__vmpool *vp, uint64_t limit, gpumem_phys_handle *h, int *grew) {
+static gpumem_status get_chunk(gpumem__vmpool *vp, uint64_t limit, gpumem_phys_handle *h) {
   if (vp->nspare > 0) {
     *h = vp->spare[--vp->nspare];
     return GPUMEM_OK;
@@ -345,11 +345,10 @@ static gpumem_status get_chunk(gpumem__vmpool *vp, uint64_t limit, gpumem_phys_h
   gpumem_status st = gpumem__be_vm_create(vp->ctx, vp->dev, vp->gran, h);
   if (st != GPUMEM_OK) return st;
   held_add(vp);
-  *grew = 1;
   return GPUMEM_OK;
 }
 
-gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size, uint64_t limit, int *grew) {
+gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size, uint64_t limit) {
   if (size == 0) return GPUMEM_OK;
   gpumem__vmpool *vp = vs->vp;
   size_t gs = vp->gran;
@@ -358,7 +357,7 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   for (; g <= last; g++) {
     if (vs->h[g] != 0) continue;
     gpumem_phys_handle h = 0;
-    gpumem_status st = get_chunk(vp, limit, &h, grew);
+    gpumem_status st = get_chunk(vp, limit, &h);
     if (st != GPUMEM_OK) return st;
     st = gpumem__be_vm_map(vp->ctx, vp->dev, gaddr(vs, g), gs, h);
     if (st != GPUMEM_OK) {

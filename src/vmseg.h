@@ -87,12 +87,12 @@ size_t gpumem__vm_available(const gpumem__vmpool *vp);
 /**
  * Map every granule of [addr, addr+size) (already busy): with spare chunks,
  * then idle chunks moved from elsewhere, then new chunks. `limit` caps the
- * reserved bytes (0 = none). *grew receives 1 when a chunk was created.
+ * reserved bytes (0 = none).
  * \return OK; LIMIT_EXCEEDED; OUT_OF_MEMORY; another backend status. On
  * failure the granules mapped so far stay mapped (idle once the caller drops
  * the busy bytes), so nothing leaks and a retry starts where this stopped.
  */
-gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size, uint64_t limit, int *grew);
+gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size, uint64_t limit);
 
 /**
  * Give back up to `max_bytes` of held chunks: spare ones, then idle ones
