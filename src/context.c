@@ -1,7 +1,7 @@
 /* context.c: create/destroy, devices, the alloc/free entry points, trim,
  * reset, statistics. Pools are created lazily, one per device, on the first
  * allocation on that device: no call touches a device the caller did not name. */
-#include "internal.h"
+#include "tcache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,15 +181,24 @@ const char *gpumem_backend_name(const gpumem_context *ctx) { return ctx != NULL 
 /* ---------------------------------------------------------------------- */
 /* Allocation                                                              */
 
-gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
-                                  void **out_ptr) {
+/* The one allocation path: the thread cache inline, then the full path. */
+static inline gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                       const char *tag, void **out_ptr) {
   if (GPUMEM__UNLIKELY(ctx == NULL || out_ptr == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__UNLIKELY(!valid_device(ctx, device))) return GPUMEM_ERR_INVALID_DEVICE;
-  if (size == 0) {
+  if (GPUMEM__UNLIKELY(size == 0)) {
     *out_ptr = NULL;
     return GPUMEM_OK;
   }
+  if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx)) {
+    if (GPUMEM__LIKELY(gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr))) return GPUMEM_OK;
+  }
+  return gpumem__alloc_slow(ctx, device, size, stream, tag, out_ptr);
+}
+
+gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
+                                 void **out_ptr) {
   gpumem__pool *p;
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
@@ -200,16 +209,24 @@ gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, 
   return st;
 }
 
+gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
+                                  void **out_ptr) {
+  return alloc_impl(ctx, device, size, stream, tag, out_ptr);
+}
+
 gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, void **out_ptr) {
-  return gpumem_alloc_tagged(ctx, device, size, stream, NULL, out_ptr);
+  return alloc_impl(ctx, device, size, stream, NULL, out_ptr);
 }
 
 gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
-  if (ptr == NULL) return GPUMEM_OK;
+  if (GPUMEM__UNLIKELY(ptr == NULL)) return GPUMEM_OK;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
-  if (GPUMEM__LIKELY(ctx->tc_on)) return gpumem__tc_free(ctx, ptr, stream);
+  if (GPUMEM__LIKELY(ctx->tc_on)) {
+    if (GPUMEM__LIKELY(gpumem__tc_fast_free(ctx, ptr, stream))) return GPUMEM_OK;
+    return gpumem__tc_free(ctx, ptr, stream);
+  }
   return gpumem__free_unmonitored(ctx, ptr, stream);
 }
 

@@ -169,6 +169,7 @@ struct gpumem__block {
   size_t requested;            /* live: bytes asked for */
   const char *tag;             /* live: tag for leak reports */
   uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
+  atomic_uchar tc_cached;      /* 1 while in a thread cache: still in the pointer index, but not live (tcache.c) */
 };
 
 /**
@@ -252,6 +253,40 @@ typedef struct gpumem__ptrmap {
   gpumem__ptrmap_shard shards[GPUMEM__PTRMAP_SHARDS];
 } gpumem__ptrmap;
 
+/* The look-up pieces, inline for the hot paths (tcache.h); ptrmap.c uses them too. */
+static inline uint64_t gpumem__ptrmap_hash(uintptr_t key) {
+  uint64_t x = (uint64_t)key >> 8; /* pointers are 256-aligned */
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return x;
+}
+void gpumem__ptrmap_lock_slow(gpumem__ptrmap_shard *s);
+/* Shard lock: a spinlock (exchange to take, release-store to give back, yield
+ * after a few spins); held only for a probe, never across another lock. */
+static inline void gpumem__ptrmap_lock(gpumem__ptrmap_shard *s) {
+  if (GPUMEM__LIKELY(atomic_exchange_explicit(&s->lock, 1, memory_order_acquire) == 0)) return;
+  gpumem__ptrmap_lock_slow(s);
+}
+static inline void gpumem__ptrmap_unlock(gpumem__ptrmap_shard *s) {
+  atomic_store_explicit(&s->lock, 0, memory_order_release);
+}
+/* Slot position within the shard: the high bits (the low bits chose the shard). */
+static inline size_t gpumem__ptrmap_home(const gpumem__ptrmap_shard *s, uint64_t h) {
+  return (size_t)(h >> 6) & (s->cap - 1);
+}
+/* key's entry in s or NULL; shard lock held. */
+static inline gpumem__ptrmap_entry *gpumem__ptrmap_find(gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
+  if (GPUMEM__UNLIKELY(s->cap == 0)) return NULL;
+  size_t mask = s->cap - 1, i = (size_t)(h >> 6) & mask;
+  for (;;) {
+    gpumem__ptrmap_entry *e = &s->slots[i];
+    if (GPUMEM__LIKELY(e->key == key)) return e;
+    if (e->key == 0) return NULL;
+    i = (i + 1) & mask;
+  }
+}
+
 int gpumem__ptrmap_init(gpumem__ptrmap *m);
 void gpumem__ptrmap_destroy(gpumem__ptrmap *m);
 /** Insert; 0 on success, -1 on host out-of-memory (nothing changed). */
@@ -260,10 +295,16 @@ int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gp
 int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
 /** Find the pool of key; returns NULL when absent. */
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
-/** Remove key when it maps to pool; returns the block or NULL. */
-gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool);
-/** Remove key whatever its pool; returns the block (and its pool in *pool) or NULL. */
-gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool);
+/** Remove key when it maps to pool and its block is live (any = 1: or in a thread cache); returns the block or NULL. */
+gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any);
+/**
+ * The ownership step of a free through a thread cache: under the shard lock,
+ * find key's live block (absent or already in a thread cache: NULL). If its
+ * pool is keep_pool and its size <= keep_max, mark it cached (the entry
+ * stays, *kept = 1); otherwise remove the entry (*kept = 0). *pool gets its pool.
+ */
+gpumem__block *gpumem__ptrmap_claim(gpumem__ptrmap *m, uintptr_t key, const gpumem__pool *keep_pool, size_t keep_max,
+                                    gpumem__pool **pool, int *kept);
 /** Look key up and copy out the requested size and device of its live block. 0 if found. */
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device);
 /** 1 if key maps to exactly (block, pool). */
@@ -296,6 +337,10 @@ struct gpumem_context {
 };
 
 /* ---------------------------------------------------------------------- */
+/* context.c: gpumem_alloc past the inlined thread-cache hit (pool creation, the cache's full path, monitoring) */
+gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
+                                 void **out_ptr);
+
 /* tcache.c: per-thread caches (used when ctx->tc_on and no monitoring hook is on) */
 
 /** Allocate through the calling thread's cache, else the pool (flushing every cache of p on out of memory). */

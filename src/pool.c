@@ -1324,7 +1324,7 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
 
 gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream) {
   gpumem__mutex_lock(&p->lock);
-  gpumem__block *b = gpumem__ptrmap_remove(&p->ctx->map, (uintptr_t)ptr, p);
+  gpumem__block *b = gpumem__ptrmap_remove(&p->ctx->map, (uintptr_t)ptr, p, 0);
   if (b == NULL) {
     gpumem__mutex_unlock(&p->lock);
     return GPUMEM_ERR_INVALID_POINTER;
@@ -1406,7 +1406,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   /* 1. invalidate live blocks */
   for (gpumem__segment *s = p->segs; s != NULL; s = s->next)
     for (gpumem__block *b = s->head; b != NULL; b = b->next)
-      if (b->idx == NULL) (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p);
+      if (b->idx == NULL) (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p, 1);
   /* 2. forget every free index: batches (and their events), stream records, READY */
   gpumem__batch *bt = p->pending_head;
   while (bt != NULL) {

@@ -2,25 +2,26 @@
  * by its address; gpumem_free() validates its pointer against it, so a
  * foreign, interior or already-freed pointer is rejected without changing
  * anything. 64 shards, each an open-addressing table (linear probing,
- * backward-shift deletion) under its own spinlock. */
+ * backward-shift deletion) under its own spinlock.
+ *
+ * Blocks in a thread cache keep their entry with block->tc_cached = 1: to
+ * every look-up they are absent (a free of one is a double free), and
+ * handing one out again is a single store by its cache's owner, no index
+ * operation. The flag goes 0 -> 1 only under the shard lock (one claimant
+ * wins), 1 -> 0 only by the cache owner under its cache lock, and a cached
+ * entry is removed only by its cache's flush (under the cache lock). */
 #include "internal.h"
 
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-static inline uint64_t hash_key(uintptr_t key) {
-  uint64_t x = (uint64_t)key >> 8; /* pointers are 256-aligned */
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 32;
-  return x;
-}
+#define hash_key gpumem__ptrmap_hash
+#define shard_lock gpumem__ptrmap_lock
+#define shard_unlock gpumem__ptrmap_unlock
+#define home gpumem__ptrmap_home
 
-/* Shard lock: a spinlock (exchange to take, release-store to give back, yield
- * after a few spins); held only for a probe, never across another lock. */
-static inline void shard_lock(gpumem__ptrmap_shard *s) {
-  if (GPUMEM__LIKELY(atomic_exchange_explicit(&s->lock, 1, memory_order_acquire) == 0)) return;
+void gpumem__ptrmap_lock_slow(gpumem__ptrmap_shard *s) {
   for (;;) {
     for (int i = 0; i < 64; i++)
       if (atomic_load_explicit(&s->lock, memory_order_relaxed) == 0 &&
@@ -29,7 +30,6 @@ static inline void shard_lock(gpumem__ptrmap_shard *s) {
     sched_yield();
   }
 }
-static inline void shard_unlock(gpumem__ptrmap_shard *s) { atomic_store_explicit(&s->lock, 0, memory_order_release); }
 
 static inline gpumem__ptrmap_shard *shard_of(gpumem__ptrmap *m, uint64_t h) {
   return &m->shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
@@ -52,9 +52,6 @@ void gpumem__ptrmap_destroy(gpumem__ptrmap *m) {
     m->shards[i].slots = NULL;
   }
 }
-
-/* Slot index for the within-shard position (use the high bits; the low bits chose the shard). */
-static inline size_t home(const gpumem__ptrmap_shard *s, uint64_t h) { return (size_t)(h >> 6) & (s->cap - 1); }
 
 static int grow(gpumem__ptrmap_shard *s) {
   size_t ncap = s->cap ? s->cap * 2 : 64;
@@ -103,14 +100,13 @@ int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gp
 }
 
 /* Index of key in s, or SIZE_MAX. Caller holds the lock. */
-static size_t find(const gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
-  if (s->cap == 0) return SIZE_MAX;
-  size_t i = home(s, h);
-  while (s->slots[i].key != 0) {
-    if (s->slots[i].key == key) return i;
-    i = (i + 1) & (s->cap - 1);
-  }
-  return SIZE_MAX;
+static size_t find(gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
+  gpumem__ptrmap_entry *e = gpumem__ptrmap_find(s, key, h);
+  return e == NULL ? SIZE_MAX : (size_t)(e - s->slots);
+}
+
+static inline int is_cached(const gpumem__block *b) {
+  return atomic_load_explicit(&b->tc_cached, memory_order_acquire) != 0;
 }
 
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
@@ -118,7 +114,7 @@ gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
   gpumem__ptrmap_shard *s = shard_of(m, h);
   shard_lock(s);
   size_t i = find(s, key, h);
-  gpumem__pool *p = i == SIZE_MAX ? NULL : s->slots[i].pool;
+  gpumem__pool *p = i == SIZE_MAX || is_cached(s->slots[i].block) ? NULL : s->slots[i].pool;
   shard_unlock(s);
   return p;
 }
@@ -126,12 +122,12 @@ gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
 /* Remove slot i of s (backward-shift deletion); returns its block. Caller holds the lock. */
 static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i);
 
-gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool) {
+gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
   shard_lock(s);
   size_t i = find(s, key, h);
-  if (i == SIZE_MAX || s->slots[i].pool != pool) {
+  if (i == SIZE_MAX || s->slots[i].pool != pool || (!any && is_cached(s->slots[i].block))) {
     shard_unlock(s);
     return NULL;
   }
@@ -140,17 +136,26 @@ gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__p
   return b;
 }
 
-gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool) {
+gpumem__block *gpumem__ptrmap_claim(gpumem__ptrmap *m, uintptr_t key, const gpumem__pool *keep_pool, size_t keep_max,
+                                    gpumem__pool **pool, int *kept) {
   uint64_t h = hash_key(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
   shard_lock(s);
   size_t i = find(s, key, h);
-  if (i == SIZE_MAX) {
+  gpumem__block *b;
+  if (GPUMEM__UNLIKELY(i == SIZE_MAX) || GPUMEM__UNLIKELY(is_cached(b = s->slots[i].block))) {
     shard_unlock(s);
     return NULL;
   }
-  *pool = s->slots[i].pool;
-  gpumem__block *b = remove_at(s, i);
+  gpumem__pool *p = s->slots[i].pool;
+  *pool = p;
+  if (p == keep_pool && b->size <= keep_max) {
+    atomic_store_explicit(&b->tc_cached, 1, memory_order_relaxed); /* the shard lock orders it */
+    *kept = 1;
+  } else {
+    (void)remove_at(s, i);
+    *kept = 0;
+  }
   shard_unlock(s);
   return b;
 }
@@ -182,7 +187,7 @@ int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int
   gpumem__ptrmap_shard *s = shard_of(m, h);
   shard_lock(s);
   size_t i = find(s, key, h);
-  if (i == SIZE_MAX) {
+  if (i == SIZE_MAX || is_cached(s->slots[i].block)) {
     shard_unlock(s);
     return -1;
   }

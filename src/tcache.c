@@ -2,10 +2,13 @@
  *
  * Each thread that allocates or frees gets one cache, keyed by (context,
  * pool, stream). A free on S of a block of that pool, up to TC_MAX_SIZE,
- * takes the block out of the pointer index (the removal is the ownership
- * step: of two threads freeing one pointer exactly one removes it) and
- * keeps it in a bin of its exact block size; an alloc on S of that rounded
- * size pops it and puts it back into the index. Neither takes the pool lock.
+ * claims the block in the pointer index (gpumem__ptrmap_claim: under the
+ * shard lock the block is marked cached, so of two threads freeing one
+ * pointer exactly one wins and a later free of it is rejected) and keeps it
+ * in a bin of its exact block size; an alloc on S of that rounded size pops
+ * it and clears the mark: the entry never left the index, so the hit costs
+ * no index operation. Neither takes the pool lock. A flush removes its
+ * cached blocks' entries and gives the blocks to the pool.
  * Stream order: the cache only ever serves the stream the block was freed
  * on. Cached blocks are live for the pool; statistics are the pool's
  * adjusted by every cache's counters, read under every cache lock.
@@ -18,47 +21,32 @@
  * Thread exit (a pthread key destructor) flushes the cache and frees it;
  * gpumem_destroy flushes and detaches every cache of the context.
  */
-#include "internal.h"
+#include "tcache.h"
 
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TC_MAX_SIZE ((size_t)1 << 20)  /* block sizes cached: up to 1 MiB */
-#define TC_BINS 32                     /* direct-mapped by block size */
-#define TC_BIN_CAP 8                   /* blocks per bin */
-#define TC_MAX_BYTES ((uint64_t)4 << 20) /* bytes per cache */
-#define TC_REKEY_MISSES 16             /* calls on another key before a non-empty cache is flushed and rekeyed */
+#define TC_MAX_SIZE GPUMEM__TC_MAX_SIZE
+#define TC_BINS GPUMEM__TC_BINS
+#define TC_BIN_CAP GPUMEM__TC_BIN_CAP
+#define TC_MAX_BYTES GPUMEM__TC_MAX_BYTES
+#define TC_REKEY_MISSES 16 /* calls on another key before a non-empty cache is flushed and rekeyed */
 
-typedef struct tc_bin {
-  size_t size; /* block size held (valid while n > 0) */
-  unsigned n;
-  gpumem__block *b[TC_BIN_CAP];
-} tc_bin;
-
-typedef struct gpumem__tc {
-  atomic_int busy;             /* the spinlock */
-  gpumem_context *ctx;         /* key; NULL = detached */
-  gpumem__pool *pool;
-  gpumem_stream stream;
-  gpumem__tc_acct acct;        /* cached bytes, headroom (see internal.h) */
-  int64_t d_req, d_live;       /* counters not yet in the pool's statistics */
-  uint64_t d_allocs, d_frees;
-  unsigned nblocks, misses;
-  struct gpumem__tc *prev, *next; /* g_reg list */
-  tc_bin bins[TC_BINS];
-} gpumem__tc;
+typedef gpumem__tc_bin tc_bin;
+#define tc_lock gpumem__tc_lock
+#define tc_unlock gpumem__tc_unlock
+#define bin_of gpumem__tc_bin_of
+#define tls_tc gpumem__tls_tc
 
 static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
 static gpumem__tc *g_list;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
 static int g_key_ok;
-static _Thread_local gpumem__tc *tls_tc;
-static _Thread_local int tls_dead; /* the destructor ran: no new cache for this thread */
+_Thread_local gpumem__tc *gpumem__tls_tc __attribute__((tls_model("initial-exec")));
+static _Thread_local int tls_dead __attribute__((tls_model("initial-exec"))); /* the destructor ran: no new cache */
 
-static inline void tc_lock(gpumem__tc *c) {
-  if (GPUMEM__LIKELY(atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0)) return;
+void gpumem__tc_lock_slow(gpumem__tc *c) {
   for (;;) {
     for (int i = 0; i < 64; i++)
       if (atomic_load_explicit(&c->busy, memory_order_relaxed) == 0 &&
@@ -67,31 +55,33 @@ static inline void tc_lock(gpumem__tc *c) {
     sched_yield();
   }
 }
-static inline void tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->busy, 0, memory_order_release); }
-
-static inline tc_bin *bin_of(gpumem__tc *c, size_t bsize) {
-  return &c->bins[(uint32_t)((bsize >> 8) * 0x9E3779B1u) >> 27];
-}
 
 /* Give every cached block back to c->pool and fold the counters. Cache lock held. */
 static void flush_locked(gpumem__tc *c, int named) {
   if (c->pool == NULL) return;
-  if (c->nblocks == 0 && c->d_req == 0 && c->d_live == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
+  if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
   gpumem__block *all[TC_BINS * TC_BIN_CAP];
   size_t n = 0;
   for (int i = 0; i < TC_BINS; i++) {
     tc_bin *bn = &c->bins[i];
-    while (bn->n > 0) all[n++] = bn->b[--bn->n];
+    while (bn->n > 0) {
+      gpumem__block *b = bn->b[--bn->n];
+      /* cached: no one else removes or claims the entry, so it is there */
+      (void)gpumem__ptrmap_remove(&c->ctx->map, b->addr, c->pool, 1);
+      atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
+      all[n++] = b;
+    }
   }
-  gpumem__pool_put_cached(c->pool, &c->acct, all, n, c->stream, named, &c->d_req, &c->d_live, &c->d_allocs,
+  int64_t d_live = (int64_t)(c->d_allocs - c->d_frees);
+  gpumem__pool_put_cached(c->pool, &c->acct, all, n, c->stream, named, &c->d_req, &d_live, &c->d_allocs,
                           &c->d_frees);
-  c->nblocks = 0;
 }
 
 static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
   if (c->ctx != NULL) flush_locked(c, 0);
   c->ctx = ctx;
   c->pool = p;
+  c->dev = gpumem__pool_device(p);
   c->stream = stream;
   c->acct.cached = 0;
   c->acct.headroom = 0;
@@ -169,7 +159,7 @@ static gpumem__tc *tc_self(void) {
 
 /* After a call on another key: rekey an empty cache at once, a full one after a few misses. Cache lock held. */
 static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
-  if (c->nblocks == 0 || ++c->misses >= TC_REKEY_MISSES) tc_rekey(c, ctx, p, stream);
+  if (c->acct.cached == 0 || ++c->misses >= TC_REKEY_MISSES) tc_rekey(c, ctx, p, stream);
 }
 
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
@@ -186,30 +176,23 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
       tc_bin *bn = bin_of(c, rsize);
       if (bn->n > 0 && bn->size == rsize) {
         gpumem__block *b = bn->b[--bn->n];
-        size_t oreq = b->requested;
-        const char *otag = b->tag;
-        b->requested = size; /* before the block is in the index again (gpumem_ptr_info reads it) */
+        b->requested = size;
         b->tag = tag;
-        if (GPUMEM__LIKELY(gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) == 0)) {
-          c->nblocks--;
-          c->acct.cached -= b->size;
-          c->d_req += (int64_t)size;
-          c->d_live++;
-          c->d_allocs++;
-          if (b->size <= c->acct.headroom) {
-            c->acct.headroom -= b->size;
-          } else {
-            gpumem__mutex_lock(gpumem__pool_mutex(p));
-            gpumem__pool_tc_peak(p, &c->acct);
-            gpumem__mutex_unlock(gpumem__pool_mutex(p));
-          }
-          tc_unlock(c);
-          *out = (void *)b->addr;
-          return GPUMEM_OK;
+        /* live again: a free or gpumem_ptr_info that sees the cleared mark sees the fields above */
+        atomic_store_explicit(&b->tc_cached, 0, memory_order_release);
+        c->acct.cached -= b->size;
+        c->d_req += (int64_t)size;
+        c->d_allocs++;
+        if (GPUMEM__LIKELY(b->size <= c->acct.headroom)) {
+          c->acct.headroom -= b->size;
+        } else {
+          gpumem__mutex_lock(gpumem__pool_mutex(p));
+          gpumem__pool_tc_peak(p, &c->acct);
+          gpumem__mutex_unlock(gpumem__pool_mutex(p));
         }
-        b->requested = oreq;
-        b->tag = otag;
-        bn->n++; /* host out of memory for the index: leave it cached, the pool path reports it */
+        tc_unlock(c);
+        *out = (void *)b->addr;
+        return GPUMEM_OK;
       }
     }
   }
@@ -241,8 +224,12 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
   tc_lock(c);
   gpumem__pool *p = NULL;
-  gpumem__block *b = gpumem__ptrmap_take(&ctx->map, (uintptr_t)ptr, &p);
-  if (b == NULL) {
+  int kept = 0;
+  int mine = c->ctx == ctx && c->stream == stream;
+  size_t room = mine && c->acct.cached < TC_MAX_BYTES ? TC_MAX_BYTES - c->acct.cached : 0;
+  gpumem__block *b = gpumem__ptrmap_claim(&ctx->map, (uintptr_t)ptr, mine ? c->pool : NULL,
+                                          room < TC_MAX_SIZE ? room : TC_MAX_SIZE, &p, &kept);
+  if (GPUMEM__UNLIKELY(b == NULL)) {
     tc_unlock(c);
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN,
                 "gpumem_free(%p): not a live allocation of this context (never allocated, already freed, or interior)",
@@ -250,23 +237,25 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
     return GPUMEM_ERR_INVALID_POINTER;
   }
   /* this thread owns b now; a reset takes every cache lock first, so it cannot drop b under us */
-  if (c->ctx == ctx && c->pool == p && c->stream == stream) {
+  if (GPUMEM__LIKELY(kept)) {
     c->misses = 0;
-    if (b->size <= TC_MAX_SIZE && c->acct.cached + b->size <= TC_MAX_BYTES) {
-      tc_bin *bn = bin_of(c, b->size);
-      if (bn->n == 0) bn->size = b->size;
-      if (bn->size == b->size && bn->n < TC_BIN_CAP) {
-        bn->b[bn->n++] = b;
-        c->nblocks++;
-        c->acct.cached += b->size;
-        c->acct.headroom += b->size;
-        c->d_req -= (int64_t)b->requested;
-        c->d_live--;
-        c->d_frees++;
-        tc_unlock(c);
-        return GPUMEM_OK;
-      }
+    tc_bin *bn = bin_of(c, b->size);
+    if (bn->n == 0) bn->size = b->size;
+    if (GPUMEM__LIKELY(bn->size == b->size && bn->n < TC_BIN_CAP)) {
+      bn->b[bn->n++] = b;
+      c->acct.cached += b->size;
+      c->acct.headroom += b->size;
+      c->d_req -= (int64_t)b->requested;
+      c->d_frees++;
+      tc_unlock(c);
+      return GPUMEM_OK;
     }
+    /* no room in its bin: out of the index after all (cached, so no one else touches the entry) */
+    (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p, 1);
+    atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
+    gpumem__pool_free_block(p, b, stream);
+  } else if (c->ctx == ctx && c->pool == p && c->stream == stream) {
+    c->misses = 0;
     gpumem__pool_free_block(p, b, stream);
   } else {
     gpumem__pool_free_block(p, b, stream);
@@ -282,7 +271,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
     tc_lock(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
-      n += c->nblocks;
+      for (int i = 0; i < TC_BINS; i++) n += c->bins[i].n;
       flush_locked(c, 0);
       if (detach) {
         c->ctx = NULL;
@@ -320,7 +309,7 @@ void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *o
     if (c->ctx != ctx || c->pool != p) continue;
     one->allocated_bytes -= c->acct.cached;
     one->requested_bytes = (uint64_t)((int64_t)one->requested_bytes + c->d_req);
-    one->num_live = (uint64_t)((int64_t)one->num_live + c->d_live);
+    one->num_live = one->num_live + c->d_allocs - c->d_frees;
     one->num_allocs += c->d_allocs;
     one->num_frees += c->d_frees;
   }

@@ -3,6 +3,7 @@
  * destroy while other threads' caches hold blocks, stream order. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "testutil.h"
 
@@ -151,11 +152,69 @@ static void test_stream_order(void **state) {
   tu_ctx_done(g_ctx);
 }
 
+/* A block in this thread's cache keeps its pointer-index entry, marked
+ * cached: to every look-up it must be absent (double free, ptr_info, free
+ * through another stream or from another thread), and handed out again it
+ * must be live once more with its new size. */
+static void *free_other(void *arg) {
+  void **pp = arg;
+  *(gpumem_status *)pp[1] = gpumem_free(g_ctx, pp[0], NULL);
+  return NULL;
+}
+
+static void test_cached_block_is_not_live(void **state) {
+  (void)state;
+  g_ctx = tu_ctx_new(NULL);
+  void *p, *q;
+  size_t sz = 0;
+  int dev = -1;
+  assert_status(gpumem_alloc(g_ctx, 0, 65536, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_OK); /* into this thread's cache */
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_free(g_ctx, p, (gpumem_stream)(uintptr_t)0x1234), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_ptr_info(g_ctx, p, &sz, &dev), GPUMEM_ERR_INVALID_POINTER);
+  gpumem_status other = GPUMEM_OK;
+  void *arg[2] = {p, &other};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, free_other, arg), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_status(other, GPUMEM_ERR_INVALID_POINTER);
+  gpumem_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  assert_status(gpumem_get_stats(g_ctx, 0, &st), GPUMEM_OK);
+  assert_int_equal(st.num_live, 0);
+  assert_int_equal(st.allocated_bytes, 0);
+  /* the same rounded size comes back from the cache: the same block, live again */
+  assert_status(gpumem_alloc(g_ctx, 0, 65536 - 100, NULL, &q), GPUMEM_OK);
+  assert_ptr_equal(q, p);
+  assert_status(gpumem_ptr_info(g_ctx, q, &sz, &dev), GPUMEM_OK);
+  assert_int_equal(sz, 65536 - 100);
+  assert_int_equal(dev, 0);
+  assert_status(gpumem_get_stats(g_ctx, 0, &st), GPUMEM_OK);
+  assert_int_equal(st.num_live, 1);
+  assert_int_equal(st.requested_bytes, 65536 - 100);
+  /* a free from another thread of a live block reached through the cache works once */
+  assert_int_equal(pthread_create(&t, NULL, free_other, arg), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_status(other, GPUMEM_OK);
+  assert_status(gpumem_free(g_ctx, q, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem__check_invariants(g_ctx), GPUMEM_OK);
+  /* trim flushes the caches: entries of cached blocks go with them */
+  assert_status(gpumem_alloc(g_ctx, 0, 4096, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_OK);
+  assert_status(gpumem_trim(g_ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem__check_invariants(g_ctx), GPUMEM_OK);
+  tu_ctx_done(g_ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_double_free_race_loop),
       TU_TEST(test_other_threads_caches),
       TU_TEST(test_stream_order),
+      TU_TEST(test_cached_block_is_not_live),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
