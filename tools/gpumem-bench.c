@@ -3,6 +3,7 @@
  *
  *   gpumem-bench [--backend NAME] [--device N] [--repeat N] [--quick] [--json]
  *                [--trace FILE] [--no-trace] [--only NAME[,NAME...]]
+ *                [--patterns pair,random,threads,trace]
  *
  * Patterns (every measurement repeated --repeat times, the median printed):
  *   pair SIZE       alloc+free pairs at 512 B, 64 KiB, 2 MiB, 64 MiB, 1 GiB (ns per pair)
@@ -85,6 +86,7 @@ typedef struct options {
   int json;
   const char *trace;
   const char *only;
+  const char *patterns; /* --patterns: pair,random,threads,trace (default all) */
   const char *json_out;
 } options;
 
@@ -336,10 +338,10 @@ static const char *size_label(size_t s, char *buf, size_t n) {
   return buf;
 }
 
-static int wanted(const options *o, const char *name) {
-  if (!o->only) return 1;
+static int in_list(const char *list, const char *name) {
+  if (!list) return 1;
   size_t n = strlen(name);
-  for (const char *p = o->only; *p;) {
+  for (const char *p = list; *p;) {
     const char *c = strchr(p, ',');
     size_t len = c ? (size_t)(c - p) : strlen(p);
     if (len == n && !strncmp(p, name, n)) return 1;
@@ -349,9 +351,12 @@ static int wanted(const options *o, const char *name) {
   return 0;
 }
 
+static int wanted(const options *o, const char *name) { return in_list(o->only, name); }
+
 static void usage(FILE *f) {
   fprintf(f, "usage: gpumem-bench [--backend sim|cuda|hip|auto] [--device N] [--repeat N] [--quick|--smoke] [--json]\n"
              "                    [--json-out FILE] [--trace FILE | --no-trace] [--only ALLOCATOR[,ALLOCATOR...]]\n"
+             "                    [--patterns pair,random,threads,trace]\n"
              "  --json: JSON instead of the table; --json-out FILE: the table, and JSON into FILE\n"
              "  allocators: libgpumem, sim-raw (sim), cudaMalloc, cudaMallocAsync, torch (cuda builds)\n");
 }
@@ -376,6 +381,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--trace") && i + 1 < argc) o.trace = argv[++i];
     else if (!strcmp(a, "--no-trace")) no_trace = 1;
     else if (!strcmp(a, "--only") && i + 1 < argc) o.only = argv[++i];
+    else if (!strcmp(a, "--patterns") && i + 1 < argc) o.patterns = argv[++i];
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
@@ -474,11 +480,13 @@ int main(int argc, char **argv) {
   int np = 0;
   const size_t sizes[] = {512, 64 * KiB, 2 * MiB, 64 * MiB, GiB};
   const size_t size_iters[] = {20000, 20000, 20000, 2000, 200};
-  for (int i = 0; i < 5; i++) pats[np++] = (pattern){K_PAIR, sizes[i], 0, size_iters[i] / div};
-  pats[np++] = (pattern){K_RANDOM, 0, 0, 50000 / div};
+  if (in_list(o.patterns, "pair"))
+    for (int i = 0; i < 5; i++) pats[np++] = (pattern){K_PAIR, sizes[i], 0, size_iters[i] / div};
+  if (in_list(o.patterns, "random")) pats[np++] = (pattern){K_RANDOM, 0, 0, 50000 / div};
   const int thr[] = {1, 4, 16};
-  for (int i = 0; i < 3; i++) pats[np++] = (pattern){K_THREADS, 64 * KiB, thr[i], 20000 / div};
-  if (g_have_trace) pats[np++] = (pattern){K_TRACE, 0, 0, g_trace.num_events};
+  if (in_list(o.patterns, "threads"))
+    for (int i = 0; i < 3; i++) pats[np++] = (pattern){K_THREADS, 64 * KiB, thr[i], 20000 / div};
+  if (g_have_trace && in_list(o.patterns, "trace")) pats[np++] = (pattern){K_TRACE, 0, 0, g_trace.num_events};
   if (make_random_ops(50000 / div) != 0) return 1;
 
   row rows[16];
