@@ -5,6 +5,10 @@
 #   replay  scripts/gpu-bench.sh build info replay   (the traces through the cuda backend)
 #   bench   scripts/gpu-bench.sh bench               (libgpumem vs cudaMalloc vs cudaMallocAsync vs PyTorch)
 #   soak    tests/test_soak on the cuda backend, 16 threads, SOAK_SECONDS (60)
+#   soakbg  the same soak started in a new session (setsid) so it outlives this command (it runs
+#           until the machine goes back): for a soak longer than one command's 10-minute limit.
+#           Log and exit status in /tmp/gpumem-soak/ on the device machine.
+#   soakwait  wait (up to SOAK_WAIT seconds, default 590) for the soakbg run, then report it
 #   python  scripts/gpu-python.sh                    (pytest on cuda, ResNet-18 loss match, trim, CuPy)
 # Usage: bash scripts/gpu-all.sh [part...]   (default: suite nvtx replay bench python)
 # Each part gets a time limit; parts are skipped once DEADLINE seconds (default 560) are used.
@@ -53,6 +57,27 @@ export -f nvtx; export ROOT
 want nvtx && part nvtx 120 bash -c nvtx
 want soak && part soak "$((${SOAK_SECONDS:-60} + 30))" env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off \
   GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak"
+soakbg() {
+  rm -rf /tmp/gpumem-soak && mkdir -p /tmp/gpumem-soak
+  date -u +%Y-%m-%dT%H:%M:%SZ >/tmp/gpumem-soak/start
+  setsid env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" \
+    GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 \
+    bash -c '"$0"/tests/test_soak >/tmp/gpumem-soak/log 2>&1; echo $? >/tmp/gpumem-soak/rc; date -u +%Y-%m-%dT%H:%M:%SZ >/tmp/gpumem-soak/end' \
+    "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}" </dev/null >/dev/null 2>&1 &
+  sleep 5
+  echo "soak started at $(cat /tmp/gpumem-soak/start) for ${SOAK_SECONDS:-60} s"; tail -3 /tmp/gpumem-soak/log
+}
+soakwait() {
+  local waited=0
+  while [ ! -e /tmp/gpumem-soak/rc ] && [ "$waited" -lt "${SOAK_WAIT:-590}" ]; do sleep 5; waited=$((waited + 5)); done
+  [ -e /tmp/gpumem-soak/start ] || { echo "no soak was started on this machine"; return 1; }
+  echo "start $(cat /tmp/gpumem-soak/start) end $(cat /tmp/gpumem-soak/end 2>/dev/null) rc $(cat /tmp/gpumem-soak/rc 2>/dev/null)"
+  cat /tmp/gpumem-soak/log
+  [ "$(cat /tmp/gpumem-soak/rc 2>/dev/null)" = 0 ]
+}
+export -f soakbg soakwait
+want soakbg && part soakbg 30 bash -c soakbg
+want soakwait && part soakwait "${SOAK_WAIT:-590}" bash -c soakwait
 want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
 want bench && part bench 240 env OUT="$W/bench2" BUILD=build-gpu-bench REPEAT=${REPEAT:-5} bash scripts/gpu-bench.sh bench
 want python && part python 200 env OUT="$W/python" bash scripts/gpu-python.sh
