@@ -466,13 +466,33 @@ static int cuda_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) 
 /* ---- annotations for compute-sanitizer (NVTX memory API) -------------------
  *
  * Built with GPUMEM_WITH_NVTX (the header-only NVTX 3 of the CUDA toolkit).
- * When a tool is attached (compute-sanitizer, Nsight Systems: NVTX then
- * returns a real domain handle), every segment from cudaMalloc (and every
- * virtual-memory reservation) is registered as an NVTX heap used as a
- * sub-allocator, so that the tool treats it as inaccessible except for the
- * regions announced by annotate_alloc (a block's requested bytes) and not
- * yet withdrawn by annotate_free. Without a tool, init clears the
- * annotation methods in the core's copy and nothing here runs. */
+ * Every cudaMalloc segment is registered as an NVTX heap used as a
+ * sub-allocator (NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR over
+ * NVTX_MEM_TYPE_VIRTUAL_ADDRESS, the one combination compute-sanitizer
+ * supports), and every block handed out as a region of its requested size
+ * (annotate_alloc, withdrawn by annotate_free). memcheck then treats the
+ * bytes of a segment outside live blocks as inaccessible, so it reports a
+ * write one byte past a block.
+ *
+ * What compute-sanitizer (2025.3, CUDA 13) does, as seen on an H200 with
+ * scripts/gpu-nvtx.sh:
+ *  - nvtxDomainCreateA returns NULL under it (its manual: domains have "no
+ *    specific usage" yet), while the memory calls work with that NULL
+ *    domain. So a NULL domain does NOT mean that no tool is attached;
+ *  - nvtxMemHeapRegister fails ("not ready") on a thread with no current
+ *    context, so every call here is made with the device's primary context
+ *    pushed, as for any other call (the caller's thread often has none);
+ *  - it refuses heaps on driver virtual memory (a reservation, or a mapped
+ *    chunk: "parameters invalid"), and counts each refused call as an
+ *    error. Expandable segments cannot be annotated; under compute-sanitizer
+ *    init therefore hides the vm_* methods in the core's copy, and the pool
+ *    uses plain segments, which it can check.
+ *
+ * Whether a tool is attached is decided at init the way the NVTX loader
+ * itself finds one: NVTX_INJECTION64_PATH (compute-sanitizer sets it to
+ * libsanitizer-collection.so, Nsight Systems to its own library) or a
+ * statically linked injection. Without one, init clears the annotation
+ * methods in the core's copy and nothing here runs. */
 #ifdef GPUMEM_HAVE_NVTX
 #include <stdlib.h>
 
@@ -492,18 +512,70 @@ typedef struct gb_nvtx_heap {
   nvtxMemHeapHandle_t heap;
 } gb_nvtx_heap;
 
+static pthread_once_t g_nvtx_detect_once = PTHREAD_ONCE_INIT;
+static int g_nvtx_tool;      /* 1: an NVTX tool is attached */
+static int g_nvtx_sanitizer; /* 1: and it is compute-sanitizer */
 static pthread_once_t g_nvtx_once = PTHREAD_ONCE_INIT;
-static nvtxDomainHandle_t g_nvtx_domain; /* NULL: no tool attached */
+static nvtxDomainHandle_t g_nvtx_domain; /* may well be NULL with a tool attached (see above); g_nvtx_lock */
 static pthread_mutex_t g_nvtx_lock = PTHREAD_MUTEX_INITIALIZER;
-static gb_nvtx_heap *g_nvtx_heaps;
+static gb_nvtx_heap *g_nvtx_heaps; /* sorted by base; never overlapping */
 static size_t g_nvtx_nheaps, g_nvtx_cap;
+/* what was done, for tests/gpu/gpu_nvtx_oob (gpumem__cuda_nvtx_counters); under g_nvtx_lock */
+enum { GB_NVTX_HEAPS, GB_NVTX_HEAPS_GONE, GB_NVTX_HEAPS_REFUSED, GB_NVTX_REGIONS, GB_NVTX_REGIONS_GONE, GB_NVTX_OUTSIDE,
+       GB_NVTX_NCOUNT };
+static long long g_nvtx_count[GB_NVTX_NCOUNT];
 
-static void gb_nvtx_init(void) { g_nvtx_domain = nvtxDomainCreateA("libgpumem"); }
+static void gb_nvtx_detect(void) {
+  const char *p = getenv(sizeof(void *) == 4 ? "NVTX_INJECTION32_PATH" : "NVTX_INJECTION64_PATH");
+  if (p != NULL && p[0] != '\0') {
+    const char *base = strrchr(p, '/');
+    g_nvtx_tool = 1;
+    g_nvtx_sanitizer = strstr(base ? base + 1 : p, "sanitizer") != NULL;
+  }
+#if NVTX_SUPPORT_STATIC_INJECTION_LIBRARY && !defined(NVTX_STATIC_INJECTION_IMPL)
+  if (InitializeInjectionNvtx2_fnptr != NULL) g_nvtx_tool = 1;
+#endif
+}
 
-static void gb_nvtx_heap_add(void *ptr, size_t size) {
-  if (!g_nvtx_domain || !ptr) return;
-  nvtxMemVirtualRangeDesc_t range = {size, ptr};
+/* Run once with a context current (the sanitizer wants the runtime initialised first). */
+static void gb_nvtx_init(void) {
+  nvtxDomainHandle_t d = nvtxDomainCreateA("libgpumem");
+  pthread_mutex_lock(&g_nvtx_lock);
+  g_nvtx_domain = d;
+  pthread_mutex_unlock(&g_nvtx_lock);
+}
+
+/* Index of the first heap that ends after addr. g_nvtx_lock held. */
+static size_t gb_nvtx_lower(uintptr_t addr) {
+  size_t lo = 0, hi = g_nvtx_nheaps;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (g_nvtx_heaps[mid].base + g_nvtx_heaps[mid].size <= addr) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The heap that holds [a, a+size) whole, or NULL. g_nvtx_lock held. */
+static const gb_nvtx_heap *gb_nvtx_find(uintptr_t a, size_t size) {
+  size_t i = gb_nvtx_lower(a);
+  if (i == g_nvtx_nheaps) return NULL;
+  const gb_nvtx_heap *h = &g_nvtx_heaps[i];
+  return (a >= h->base && size <= h->size - (a - h->base)) ? h : NULL;
+}
+
+/* Register [ptr, ptr+size), just returned by cudaMalloc on `device`, as a heap. */
+static void gb_nvtx_heap_add(int device, void *ptr, size_t size) {
+  gb_saved s;
+  pthread_once(&g_nvtx_detect_once, gb_nvtx_detect);
+  if (!g_nvtx_tool || !ptr || !size) return;
+  if (gb_enter(device, &s) != 0) return;
+  pthread_once(&g_nvtx_once, gb_nvtx_init);
+  nvtxMemVirtualRangeDesc_t range;
   nvtxMemHeapDesc_t desc;
+  memset(&range, 0, sizeof range);
+  range.size = size;
+  range.ptr = ptr;
   memset(&desc, 0, sizeof desc);
   desc.extCompatID = NVTX_EXT_COMPATID_MEM;
   desc.structSize = (uint16_t)sizeof desc;
@@ -514,96 +586,158 @@ static void gb_nvtx_heap_add(void *ptr, size_t size) {
   desc.messageType = NVTX_MESSAGE_TYPE_ASCII;
   desc.message.ascii = "libgpumem segment";
   pthread_mutex_lock(&g_nvtx_lock);
+  /* entries overlapping fresh memory are stale (their memory went with a
+   * device reset, and the tool with it): forget them */
+  size_t i = gb_nvtx_lower((uintptr_t)ptr), j = i;
+  while (j < g_nvtx_nheaps && g_nvtx_heaps[j].base < (uintptr_t)ptr + size) j++;
+  if (j > i) {
+    memmove(&g_nvtx_heaps[i], &g_nvtx_heaps[j], (g_nvtx_nheaps - j) * sizeof *g_nvtx_heaps);
+    g_nvtx_nheaps -= j - i;
+  }
+  int room = 1;
   if (g_nvtx_nheaps == g_nvtx_cap) {
     size_t ncap = g_nvtx_cap ? 2 * g_nvtx_cap : 64;
     gb_nvtx_heap *n = realloc(g_nvtx_heaps, ncap * sizeof *n);
-    if (!n) {
-      pthread_mutex_unlock(&g_nvtx_lock);
-      return; /* not annotated: the tool sees the segment as one plain allocation */
+    if (n) {
+      g_nvtx_heaps = n;
+      g_nvtx_cap = ncap;
+    } else {
+      room = 0; /* not annotated: the tool sees the segment as one plain allocation */
     }
-    g_nvtx_heaps = n;
-    g_nvtx_cap = ncap;
   }
-  nvtxMemHeapHandle_t h = nvtxMemHeapRegister(g_nvtx_domain, &desc);
-  g_nvtx_heaps[g_nvtx_nheaps++] = (gb_nvtx_heap){(uintptr_t)ptr, size, h};
+  if (room) {
+    nvtxMemHeapHandle_t h = nvtxMemHeapRegister(g_nvtx_domain, &desc);
+    if (h == NULL || h == NVTX_MEM_HEAP_HANDLE_NO_TOOL) {
+      g_nvtx_count[GB_NVTX_HEAPS_REFUSED]++; /* its blocks get no regions (each would be refused too) */
+    } else {
+      memmove(&g_nvtx_heaps[i + 1], &g_nvtx_heaps[i], (g_nvtx_nheaps - i) * sizeof *g_nvtx_heaps);
+      g_nvtx_heaps[i] = (gb_nvtx_heap){(uintptr_t)ptr, size, h};
+      g_nvtx_nheaps++;
+      g_nvtx_count[GB_NVTX_HEAPS]++;
+    }
+  }
   pthread_mutex_unlock(&g_nvtx_lock);
+  gb_leave(&s);
 }
 
-static void gb_nvtx_heap_remove(void *ptr) {
-  if (!g_nvtx_domain || !ptr) return;
+/* Withdraw the heap at ptr, if any (and with it every region in it), before cudaFree. */
+static void gb_nvtx_heap_remove(int device, void *ptr) {
+  gb_saved s;
+  if (!g_nvtx_tool || !ptr) return;
+  if (gb_enter(device, &s) != 0) return;
   pthread_mutex_lock(&g_nvtx_lock);
-  for (size_t i = 0; i < g_nvtx_nheaps; i++) {
-    if (g_nvtx_heaps[i].base != (uintptr_t)ptr) continue;
-    nvtxMemHeapUnregister(g_nvtx_domain, g_nvtx_heaps[i].heap); /* and every region in it */
-    g_nvtx_heaps[i] = g_nvtx_heaps[--g_nvtx_nheaps];
-    break;
+  size_t i = gb_nvtx_lower((uintptr_t)ptr);
+  if (i < g_nvtx_nheaps && g_nvtx_heaps[i].base == (uintptr_t)ptr) {
+    nvtxMemHeapUnregister(g_nvtx_domain, g_nvtx_heaps[i].heap);
+    memmove(&g_nvtx_heaps[i], &g_nvtx_heaps[i + 1], (g_nvtx_nheaps - i - 1) * sizeof *g_nvtx_heaps);
+    g_nvtx_nheaps--;
+    g_nvtx_count[GB_NVTX_HEAPS_GONE]++;
   }
   pthread_mutex_unlock(&g_nvtx_lock);
+  gb_leave(&s);
 }
 
 static void cuda_annotate_alloc(gpumem_backend *be, int device, void *ptr, size_t size) {
+  gb_saved s;
   (void)be;
-  (void)device;
-  if (!g_nvtx_domain) return;
-  nvtxMemHeapHandle_t heap = NULL;
-  int found = 0;
+  if (!ptr || !size) return;
+  if (gb_enter(device, &s) != 0) return;
   pthread_mutex_lock(&g_nvtx_lock);
-  for (size_t i = 0; i < g_nvtx_nheaps; i++) {
-    const gb_nvtx_heap *h = &g_nvtx_heaps[i];
-    if ((uintptr_t)ptr >= h->base && (uintptr_t)ptr < h->base + h->size) {
-      heap = h->heap;
-      found = 1;
-      break;
-    }
-  }
-  if (found) {
-    nvtxMemVirtualRangeDesc_t range = {size, ptr};
+  const gb_nvtx_heap *h = gb_nvtx_find((uintptr_t)ptr, size);
+  if (h) {
+    nvtxMemVirtualRangeDesc_t range;
     nvtxMemRegionsRegisterBatch_t b;
+    memset(&range, 0, sizeof range);
+    range.size = size;
+    range.ptr = ptr;
     memset(&b, 0, sizeof b);
     b.extCompatID = NVTX_EXT_COMPATID_MEM;
     b.structSize = (uint16_t)sizeof b;
     b.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-    b.heap = heap;
+    b.heap = h->heap;
     b.regionCount = 1;
     b.regionDescElementSize = sizeof range;
     b.regionDescElements = &range;
     nvtxMemRegionsRegister(g_nvtx_domain, &b);
+    g_nvtx_count[GB_NVTX_REGIONS]++;
+  } else {
+    g_nvtx_count[GB_NVTX_OUTSIDE]++; /* a block of an expandable segment: not checked */
   }
   pthread_mutex_unlock(&g_nvtx_lock);
+  gb_leave(&s);
 }
 
 static void cuda_annotate_free(gpumem_backend *be, int device, void *ptr, size_t size) {
+  gb_saved s;
   (void)be;
-  (void)device;
-  (void)size;
-  if (!g_nvtx_domain) return;
-  nvtxMemRegionRef_t ref;
-  ref.pointer = ptr;
-  nvtxMemRegionsUnregisterBatch_t b;
-  memset(&b, 0, sizeof b);
-  b.extCompatID = NVTX_EXT_COMPATID_MEM;
-  b.structSize = (uint16_t)sizeof b;
-  b.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-  b.refCount = 1;
-  b.refElementSize = sizeof ref;
-  b.refElements = &ref;
-  pthread_mutex_lock(&g_nvtx_lock); /* ordered with the heap's unregistration */
-  nvtxMemRegionsUnregister(g_nvtx_domain, &b);
+  if (!ptr || !size) return;
+  if (gb_enter(device, &s) != 0) return;
+  /* ordered with the heaps' unregistration: when the segment went first,
+   * its regions went with it and there is nothing to withdraw */
+  pthread_mutex_lock(&g_nvtx_lock);
+  if (gb_nvtx_find((uintptr_t)ptr, size)) {
+    nvtxMemRegionRef_t ref;
+    nvtxMemRegionsUnregisterBatch_t b;
+    memset(&ref, 0, sizeof ref);
+    ref.pointer = ptr;
+    memset(&b, 0, sizeof b);
+    b.extCompatID = NVTX_EXT_COMPATID_MEM;
+    b.structSize = (uint16_t)sizeof b;
+    b.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    b.refCount = 1;
+    b.refElementSize = sizeof ref;
+    b.refElements = &ref;
+    nvtxMemRegionsUnregister(g_nvtx_domain, &b);
+    g_nvtx_count[GB_NVTX_REGIONS_GONE]++;
+  }
   pthread_mutex_unlock(&g_nvtx_lock);
+  gb_leave(&s);
 }
 #else
-#define gb_nvtx_heap_add(ptr, size) ((void)0)
-#define gb_nvtx_heap_remove(ptr) ((void)0)
+#define gb_nvtx_heap_add(device, ptr, size) ((void)0)
+#define gb_nvtx_heap_remove(device, ptr) ((void)0)
 #endif
+
+/* For tests/gpu/gpu_nvtx_oob, not part of the API. out[0]: 1 if built with
+ * NVTX (else every entry is -1); out[1]: 1 if a tool is attached; out[2]: 1
+ * if it is compute-sanitizer (plain segments only); out[3]: 1 if the NVTX
+ * domain is non-NULL; then heaps registered, heaps withdrawn, heaps the tool
+ * refused, regions registered, regions withdrawn, blocks in no heap. */
+void gpumem__cuda_nvtx_counters(long long out[10]);
+void gpumem__cuda_nvtx_counters(long long out[10]) {
+#ifdef GPUMEM_HAVE_NVTX
+  pthread_once(&g_nvtx_detect_once, gb_nvtx_detect);
+  pthread_mutex_lock(&g_nvtx_lock);
+  out[0] = 1;
+  out[1] = g_nvtx_tool;
+  out[2] = g_nvtx_sanitizer;
+  out[3] = g_nvtx_domain != NULL;
+  for (int i = 0; i < GB_NVTX_NCOUNT; i++) out[4 + i] = g_nvtx_count[i];
+  pthread_mutex_unlock(&g_nvtx_lock);
+#else
+  for (int i = 0; i < 10; i++) out[i] = -1;
+#endif
+}
 
 static int cuda_init(gpumem_backend *be) {
   int rc = gb_init(be);
 #ifdef GPUMEM_HAVE_NVTX
-  if (rc == 0) pthread_once(&g_nvtx_once, gb_nvtx_init);
-  if (rc == 0 && !g_nvtx_domain && be != NULL) {
-    /* no tool attached: the core skips the annotations entirely */
-    be->annotate_alloc = NULL;
-    be->annotate_free = NULL;
+  if (rc == 0) pthread_once(&g_nvtx_detect_once, gb_nvtx_detect);
+  if (rc == 0 && be != NULL) {
+    if (!g_nvtx_tool) {
+      /* no tool attached: the core skips the annotations entirely */
+      be->annotate_alloc = NULL;
+      be->annotate_free = NULL;
+    } else if (g_nvtx_sanitizer) {
+      /* compute-sanitizer can check plain segments only (see above): no expandable ones */
+      be->vm_granularity = NULL;
+      be->vm_reserve = NULL;
+      be->vm_release = NULL;
+      be->vm_create = NULL;
+      be->vm_destroy = NULL;
+      be->vm_map = NULL;
+      be->vm_unmap = NULL;
+    }
   }
 #endif
   return rc;
@@ -611,24 +745,13 @@ static int cuda_init(gpumem_backend *be) {
 
 static int cuda_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
   int rc = gb_malloc(be, device, size, ptr);
-  if (rc == 0) gb_nvtx_heap_add(*ptr, size);
+  if (rc == 0) gb_nvtx_heap_add(device, *ptr, size);
   return rc;
 }
 
 static int cuda_free(gpumem_backend *be, int device, void *ptr) {
-  gb_nvtx_heap_remove(ptr);
+  gb_nvtx_heap_remove(device, ptr);
   return gb_free(be, device, ptr);
-}
-
-static int cuda_vm_reserve_annotated(gpumem_backend *be, int device, size_t size, void **va) {
-  int rc = cuda_vm_reserve(be, device, size, va);
-  if (rc == 0) gb_nvtx_heap_add(*va, size);
-  return rc;
-}
-
-static int cuda_vm_release_annotated(gpumem_backend *be, int device, void *va, size_t size) {
-  gb_nvtx_heap_remove(va);
-  return cuda_vm_release(be, device, va, size);
 }
 
 const gpumem_backend gpumem__cuda_backend = {
@@ -654,8 +777,8 @@ const gpumem_backend gpumem__cuda_backend = {
     .error_status = gb_be_error_status,
     .error_string = gb_be_error_string,
     .vm_granularity = cuda_vm_granularity,
-    .vm_reserve = cuda_vm_reserve_annotated,
-    .vm_release = cuda_vm_release_annotated,
+    .vm_reserve = cuda_vm_reserve,
+    .vm_release = cuda_vm_release,
     .vm_create = cuda_vm_create,
     .vm_destroy = cuda_vm_destroy,
     .vm_map = cuda_vm_map,
