@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything GPU-related in one command for the device machine (one lease):
 #   suite   scripts/gpu-suite.sh   (build, tests/gpu, CUDA_VISIBLE_DEVICES variants, probe, hw suite)
-#   nvtx    compute-sanitizer memcheck with NVTX annotations on a planted out-of-bounds write
+#   nvtx    scripts/gpu-nvtx.sh: compute-sanitizer memcheck with NVTX annotations on a planted out-of-bounds write
 #   replay  scripts/gpu-bench.sh build info replay   (the traces through the cuda backend)
 #   bench   scripts/gpu-bench.sh bench               (libgpumem vs cudaMalloc vs cudaMallocAsync vs PyTorch)
 #   soak    tests/test_soak on the cuda backend, 16 threads, SOAK_SECONDS (60)
@@ -38,22 +38,8 @@ part() { # part NAME LIMIT CMD...
 nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,driver_version --format=csv >"$W/nvidia-smi.txt" 2>&1
 cat "$W/nvidia-smi.txt" >>"$S"
 want suite && part suite 300 env OUT="$W/suite" bash scripts/gpu-suite.sh
-nvtx() {
-  local args=""
-  local P=$ROOT/.gpu/cmocka/root
-  if [ -d "$P" ]; then
-    local LIBDIR; LIBDIR=$(dirname "$(find "$P" -name 'libcmocka.so*' | head -1)")
-    args="-DCMOCKA_INCLUDE_DIR=$P/usr/include -DCMOCKA_LIBRARY=$LIBDIR/libcmocka.so.0"
-  fi
-  # shellcheck disable=SC2086
-  cmake -S . -B build-nvtx -G Ninja -DGPUMEM_WITH_CUDA=ON -DGPUMEM_WITH_NVTX=ON -DGPUMEM_BUILD_TESTS=ON \
-    -DGPUMEM_BUILD_EXAMPLES=OFF -DGPUMEM_BUILD_TOOLS=OFF $args >/dev/null && ninja -C build-nvtx gpu_nvtx_oob || return 1
-  echo "--- planted out-of-bounds write (expect 1 error, rc=9)"
-  compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob; echo "rc=$?"
-  echo "--- clean run (expect 0 errors, rc=0)"
-  compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 9 build-nvtx/tests/gpu/gpu_nvtx_oob clean; echo "rc=$?"
-}
-export -f nvtx; export ROOT
+nvtx() { OUT="$W/nvtx" bash "$ROOT/scripts/gpu-nvtx.sh"; }
+export -f nvtx; export ROOT W
 want nvtx && part nvtx 120 bash -c nvtx
 want soak && part soak "$((${SOAK_SECONDS:-60} + 30))" env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off \
   GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak"
