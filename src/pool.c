@@ -882,12 +882,14 @@ static gpumem_status grow(gpumem__pool *p, size_t rsize, int rcls, int smallest_
  * A granule is mapped while a live or not-yet-READY block overlaps it
  * (vmseg.c counts those "busy" bytes: take() adds them for blocks taken
  * from READY, insert_coalesce() removes them for blocks entering READY).
- * Free mapped granules stay mapped ("idle", cached) until a block needs a
- * granule mapped elsewhere: then the idle chunk is moved there instead of
- * creating one, so memory held from the backend never grows while any of
- * it is idle. Trim and the release threshold unmap idle granules, also
- * inside segments that still hold live blocks. Only READY memory is ever
- * unmapped: blocks whose stream work may be pending are busy.
+ * Physical memory comes in chunks of up to 8 MiB, one backend create and
+ * one map per chunk. Free mapped memory stays mapped ("idle", cached); new
+ * chunks are created while that keeps the reserved bytes within their peak,
+ * and beyond it idle chunks are moved to where a block needs memory, or
+ * given back to make room, so the peak grows only when nothing idle is
+ * left. Trim and the release threshold unmap idle chunks, also inside
+ * segments that still hold live blocks. Only READY memory is ever unmapped:
+ * blocks whose stream work may be pending are busy.
  */
 
 /* Granules of [b->addr, b->addr + rsize) still to map (0 for plain segments). */
@@ -895,12 +897,13 @@ static size_t vm_need(const gpumem__block *b, size_t rsize) {
   return b->seg->kind == SEG_VM ? gpumem__vm_unmapped(b->seg->vm, b->addr, rsize) : 0;
 }
 
-/* 1 when a block of rsize at the end of READY block b would touch fewer
- * granules that nothing busy touches yet than one at its start. */
+/* 1 when a block of rsize at the end of READY block b would cost less
+ * (gpumem__vm_place_cost: granules that nothing busy touches yet, and
+ * unmapped ones) than one at its start. */
 static int vm_fresh_end_better(const gpumem__block *b, size_t rsize) {
   if (b->seg->kind != SEG_VM) return 0;
-  return gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize) <
-         gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+  return gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize) <
+         gpumem__vm_place_cost(b->seg->vm, b->addr, rsize);
 }
 
 /* Like take(), for a READY block of an expandable segment, but the block is
@@ -923,9 +926,11 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
 
 /* Placement in expandable segments: among up to VM_CANDIDATES free blocks
  * of each searched fidx that fit (from the request's own bucket upwards),
- * the one whose start (or, for READY blocks, end) adds the fewest granules
- * that nothing busy touches yet; ties: the smaller block, then the lower
- * address. This stream's own free blocks are busy, so they score well. */
+ * the one whose start (or, for READY blocks, end) costs least: granules
+ * that nothing busy touches yet count once, unmapped ones twice (they need
+ * backend calls, or new memory; gpumem__vm_place_cost); ties: the smaller
+ * block, then the lower address. This stream's own free blocks are busy, so
+ * they score well. */
 #define VM_CANDIDATES 16
 static void vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **best, size_t *best_fresh) {
   if (f == NULL || f->nblocks == 0) return;
@@ -943,9 +948,9 @@ static void vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block *
           seen++;
           size_t fr = 0;
           if (b->seg->kind == SEG_VM) {
-            fr = gpumem__vm_fresh(b->seg->vm, b->addr, rsize);
+            fr = gpumem__vm_place_cost(b->seg->vm, b->addr, rsize);
             if (f->kind == IDX_READY) {
-              size_t f2 = gpumem__vm_fresh(b->seg->vm, b->addr + b->size - rsize, rsize);
+              size_t f2 = gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize);
               if (f2 < fr) fr = f2;
             }
           }

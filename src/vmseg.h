@@ -5,24 +5,28 @@
  * A "space" is one large address range reserved with vm_reserve. pool.c
  * lays blocks out in it as one segment of kind SEG_VM, with the usual
  * splitting and coalescing; this module only knows address ranges. Physical
- * chunks of the backend's granularity (2 MiB on CUDA and sim) back the
- * granules of a space on demand:
+ * memory backs the granules of a space (the backend's granularity: 2 MiB on
+ * CUDA and sim) on demand, in chunks: one vm_create of one or more granules
+ * (at most CHUNK_MAX_BYTES, vmseg.c), mapped over a run of granules with one
+ * vm_map and unmapped as a whole.
  *
  *   busy[g]  bytes of granule g covered by blocks that are live, or free but
  *            not READY (freed on a stream whose work may still touch them).
  *            pool.c keeps it exact with gpumem__vm_busy().
- *   h[g]     the physical chunk mapped at g, 0 = unmapped. A granule with
- *            busy > 0 is always mapped (gpumem__vm_commit maps it).
- *   idle     mapped granules with busy == 0: wholly inside READY free
+ *   cid[g]   the chunk mapped at g, or none. A granule with busy > 0 is
+ *            always mapped (gpumem__vm_commit maps it).
+ *   idle     chunks none of whose granules is busy: wholly inside READY free
  *            blocks, so nothing can touch them any more. Only these are
- *            ever unmapped (trim, release threshold, or to move their chunk
- *            to where a new block needs it: "remapping").
- *   spare    chunks that are unmapped but still held (a failed destroy).
+ *            ever unmapped (trim, release threshold, or to make room for a
+ *            new block's chunk at the peak). Idle granules of a chunk that
+ *            also holds busy ones stay mapped until the chunk is idle.
+ *   spare    chunks that are unmapped but still held (a failed map or destroy).
  *
  * Reserved bytes (gpumem_stats::reserved_bytes, and what the backend holds)
- * = chunks held = (mapped + spare) * granularity. A chunk is created only
- * when no idle or spare chunk is left, so memory held from the backend does
- * not grow while any of it is idle.
+ * = chunks held = (mapped + spare granules) * granularity. New memory is
+ * created freely while the reserved bytes stay within their peak (and the
+ * limit); beyond it, idle chunks are moved or given back first, so the peak
+ * grows only when no idle chunk is left.
  *
  * Not thread-safe: every call is made under the pool lock.
  */
@@ -75,19 +79,28 @@ void gpumem__vm_space_clear_busy(gpumem__vmspace *vs);
 
 /** [addr, addr+size) becomes busy (delta > 0) or stops being busy (delta < 0). */
 void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta);
-/** Granules of [addr, addr+size) that no busy byte touches yet (what a block there adds to the footprint). */
-size_t gpumem__vm_fresh(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
+/**
+ * The placement cost of a block at [addr, addr+size), in granules: those
+ * that no busy byte touches yet (what the block adds to the footprint), plus
+ * those that are not mapped (each needs a chunk: backend calls, and new
+ * memory where no idle chunk can be moved). An idle mapped granule costs 1,
+ * an unmapped one 2: both take a granule's worth from the pool's memory,
+ * but only the unmapped one costs backend calls.
+ */
+size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
 /** Granules of [addr, addr+size) that are not mapped. */
 size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
 /** Bytes of spare chunks (held, unmapped). */
 uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp);
-/** Chunks available without creating one (idle + spare). */
+/** Granules available without creating a chunk (in idle and spare chunks). */
 size_t gpumem__vm_available(const gpumem__vmpool *vp);
 
 /**
- * Map every granule of [addr, addr+size) (already busy): with spare chunks,
- * then idle chunks moved from elsewhere, then new chunks. `limit` caps the
- * reserved bytes (0 = none).
+ * Map every granule of [addr, addr+size) (already busy), one chunk per run
+ * of unmapped granules (at most CHUNK_MAX_BYTES each): a new chunk while the
+ * reserved bytes stay within their peak and `limit` (0 = none); beyond that
+ * a spare chunk or an idle one of the run's size moved here, else idle
+ * chunks (oldest first) are given back before the new one is created.
  * \return OK; LIMIT_EXCEEDED; OUT_OF_MEMORY; another backend status. On
  * failure the granules mapped so far stay mapped (idle once the caller drops
  * the busy bytes), so nothing leaks and a retry starts where this stopped.
@@ -95,9 +108,11 @@ size_t gpumem__vm_available(const gpumem__vmpool *vp);
 gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size, uint64_t limit);
 
 /**
- * Give back up to `max_bytes` of held chunks: spare ones, then idle ones
- * (least recently idle first), unmapping and destroying them. Adds what was
- * given back to *released. Returns the first backend error, if any.
+ * Give back up to `max_bytes` of held chunks (rounded up to granules):
+ * spare ones, then idle ones (least recently idle first), unmapping and
+ * destroying them; of the last one, only what is needed (it is given back
+ * and a smaller chunk is mapped in its place). Adds what was given back to
+ * *released. Returns the first backend error, if any.
  */
 gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *released);
 

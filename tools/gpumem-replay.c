@@ -12,15 +12,29 @@
  * destroyed with GPUMEM_DESTROY_FORCE.
  *
  * --sample-used: one extra (untimed) run that reads the backend's used
- * memory after every allocation (gpumem_sim_used_bytes on sim, total - free
- * of gpumem_device_get_info minus the used memory before the run elsewhere)
- * and reports its peak.
+ * memory (gpumem_sim_used_bytes on sim; elsewhere total - free from the
+ * backend's mem_get_info, i.e. cudaMemGetInfo, minus the used memory before
+ * the run) after every allocation that made the backend allocate (a malloc
+ * or vm_create call, seen by the wrapper below: used memory grows only
+ * then, so the peak is the same as when sampling after every allocation),
+ * and reports its peak. --sample-every samples after every allocation.
+ * (Until 2026-11-30 it called gpumem_device_get_info after every allocation:
+ * on CUDA that is cudaGetDeviceProperties and more per call, which kept the
+ * bert_dyn and gpt2_gen replays on the H200 from finishing in 90 s.)
+ *
+ * The backend is wrapped (gpumem_builtin_backend, a copy whose virtual-memory
+ * methods count their calls and the time spent in them), so every run also
+ * reports the virtual-memory calls of expandable segments: vm_map (on CUDA
+ * one cuMemMap and one cuMemSetAccess each), vm_unmap, vm_create, vm_destroy,
+ * vm_reserve, vm_release, and the wall time inside them (of the last timed
+ * run). --no-vm-count uses the backend unwrapped.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gpumem.h"
+#include "gpumem/backend.h"
 #include "gpumem/sim.h"
 #include "tools_common.h"
 
@@ -29,9 +43,19 @@ typedef struct options {
   int device;
   int repeat;
   int sample_used;
+  int sample_every;
   int json;
+  int no_vm_count;
   const char *json_out;
 } options;
+
+/* Virtual-memory calls of one run, counted by the wrapper below. */
+enum { VMC_MAP, VMC_UNMAP, VMC_CREATE, VMC_DESTROY, VMC_RESERVE, VMC_RELEASE, VMC_N_ };
+static const char *const vmc_name[VMC_N_] = {"map", "unmap", "create", "destroy", "reserve", "release"};
+typedef struct vm_counts {
+  uint64_t calls[VMC_N_];
+  uint64_t ns; /* wall time inside the calls */
+} vm_counts;
 
 typedef struct result {
   int ok;
@@ -44,8 +68,72 @@ typedef struct result {
   uint64_t num_trims;
   uint64_t used_peak;      /* --sample-used */
   int used_sampled;
+  uint64_t used_samples;   /* readings taken */
   int streams_null;        /* backend without stream support in the tools: NULL for all */
+  int vm_counted;
+  vm_counts vm;            /* of the last timed run */
 } result;
+
+/* ---- the counting wrapper ------------------------------------------------ *
+ * The replay is single-threaded and uses one context at a time, so plain
+ * statics do. The built-in methods ignore their vtable argument but for
+ * init, which may clear the annotation methods in the core's copy (which is
+ * then the wrapper's copy, as it should be). */
+static const gpumem_backend *g_inner;
+static gpumem_backend g_wrap;
+static vm_counts g_vm;
+static uint64_t g_grows; /* malloc and vm_create calls: when used memory may grow */
+
+#define VMC_CALL(kind, expr)                         \
+  do {                                               \
+    uint64_t t0_ = tools_now_ns();                   \
+    int rc_ = (expr);                                \
+    g_vm.ns += tools_now_ns() - t0_;                 \
+    g_vm.calls[kind]++;                              \
+    return rc_;                                      \
+  } while (0)
+
+static int w_vm_reserve(gpumem_backend *be, int device, size_t size, void **va) {
+  VMC_CALL(VMC_RESERVE, g_inner->vm_reserve(be, device, size, va));
+}
+static int w_vm_release(gpumem_backend *be, int device, void *va, size_t size) {
+  VMC_CALL(VMC_RELEASE, g_inner->vm_release(be, device, va, size));
+}
+static int w_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h) {
+  g_grows++;
+  VMC_CALL(VMC_CREATE, g_inner->vm_create(be, device, size, h));
+}
+static int w_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
+  g_grows++;
+  return g_inner->malloc(be, device, size, ptr);
+}
+static int w_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) {
+  VMC_CALL(VMC_DESTROY, g_inner->vm_destroy(be, device, h));
+}
+static int w_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
+  VMC_CALL(VMC_MAP, g_inner->vm_map(be, device, va, size, h));
+}
+static int w_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
+  VMC_CALL(VMC_UNMAP, g_inner->vm_unmap(be, device, va, size));
+}
+
+/* Wrap the built-in backend `name`; NULL when it is not built in or has no virtual memory. */
+static const gpumem_backend *wrap_backend(const char *name) {
+  const gpumem_backend *in = gpumem_builtin_backend(name);
+  if (in == NULL || in->vm_map == NULL || in->vm_unmap == NULL || in->vm_create == NULL || in->vm_destroy == NULL ||
+      in->vm_reserve == NULL || in->vm_release == NULL)
+    return NULL;
+  g_inner = in;
+  g_wrap = *in;
+  g_wrap.vm_reserve = w_vm_reserve;
+  g_wrap.vm_release = w_vm_release;
+  g_wrap.vm_create = w_vm_create;
+  g_wrap.vm_destroy = w_vm_destroy;
+  g_wrap.vm_map = w_vm_map;
+  g_wrap.vm_unmap = w_vm_unmap;
+  g_wrap.malloc = w_malloc;
+  return &g_wrap;
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -53,37 +141,59 @@ static void usage(FILE *f) {
           "  --backend NAME   sim (default), cuda, hip or auto\n"
           "  --device N       device ordinal (default 0)\n"
           "  --repeat N       timed runs per trace; ns/event is their median (default 1)\n"
-          "  --sample-used    one more run reading the backend's used memory after every allocation\n"
+          "  --sample-used    one more run reading the backend's used memory after each allocation\n"
+          "                   that made the backend allocate (its peak)\n"
+          "  --sample-every   with --sample-used: read it after every allocation\n"
           "  --json           JSON output instead of the table\n"
           "  --json-out FILE  the table, and JSON into FILE\n"
+          "  --no-vm-count    do not wrap the backend to count its virtual-memory calls\n"
           "Traces: gzip text, 'a ID SIZE STREAM' / 'f ID' lines (reader: %s).\n"
           "On sim, GPUMEM_SIM_DEVICES defaults to 1x141GiB here.\n",
           tools_trace_reader());
 }
 
+/* The backend's used memory on the device (sim: what it handed out; else
+ * total - free, minus `base`). Built-in backends: their mem_get_info directly
+ * (cudaMemGetInfo), not gpumem_device_get_info, which also asks for the
+ * device's name, UUID and PCI id (cudaGetDeviceProperties: far too slow to
+ * call after every allocation). */
 static uint64_t used_now(gpumem_context *ctx, const char *backend, int device, uint64_t base, int *ok) {
   uint64_t used = 0;
   if (!strcmp(backend, "sim")) {
     if (gpumem_sim_used_bytes(device, &used) != GPUMEM_OK) *ok = 0;
     return used;
   }
-  gpumem_device_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  if (gpumem_device_get_info(ctx, device, &info) != GPUMEM_OK) {
-    *ok = 0;
-    return 0;
+  uint64_t fr = 0, tot = 0;
+  const gpumem_backend *be = gpumem_builtin_backend(backend);
+  if (be != NULL && be->mem_get_info != NULL) {
+    gpumem_backend copy = *be; /* (the built-in methods do not use their vtable argument) */
+    if (be->mem_get_info(&copy, device, &fr, &tot) != 0) {
+      *ok = 0;
+      return 0;
+    }
+  } else {
+    gpumem_device_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (gpumem_device_get_info(ctx, device, &info) != GPUMEM_OK) {
+      *ok = 0;
+      return 0;
+    }
+    fr = info.free_bytes;
+    tot = info.total_bytes;
   }
-  used = info.total_bytes - info.free_bytes;
+  used = tot - fr;
   return used > base ? used - base : 0;
 }
 
 /* One replay. Returns 0 or -1 (message in r->error). */
 static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpumem_stream *streams,
-                       int sample, double *ns, result *r) {
+                       const gpumem_backend *wrapped, int sample, double *ns, result *r) {
   gpumem_config cfg;
   gpumem_config_init(&cfg);
   cfg.backend = o->backend;
+  cfg.custom_backend = wrapped;
+  memset(&g_vm, 0, sizeof g_vm);
   gpumem_context *ctx = NULL;
   gpumem_status st = gpumem_create(&cfg, &ctx);
   if (st != GPUMEM_OK) {
@@ -94,7 +204,7 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   uint64_t base = 0;
   int used_ok = 1;
   if (sample && strcmp(bname, "sim") != 0) base = used_now(ctx, bname, o->device, 0, &used_ok);
-  uint64_t used_peak = 0;
+  uint64_t used_peak = 0, samples = 0, grows_seen = UINT64_MAX;
   int dev = o->device;
   const tools_event *ev = t->events;
   size_t n = t->num_events;
@@ -115,8 +225,12 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
       if (e->is_alloc) {
         st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
         if (st != GPUMEM_OK) break;
-        uint64_t u = used_now(ctx, bname, dev, base, &used_ok);
-        if (u > used_peak) used_peak = u;
+        if (o->sample_every || wrapped == NULL || g_grows != grows_seen) {
+          grows_seen = g_grows;
+          uint64_t u = used_now(ctx, bname, dev, base, &used_ok);
+          samples++;
+          if (u > used_peak) used_peak = u;
+        }
       } else {
         st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
         if (st != GPUMEM_OK) break;
@@ -143,8 +257,13 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   if (sample) {
     r->used_peak = used_peak;
     r->used_sampled = used_ok;
+    r->used_samples = samples;
   }
   *ns = n ? (double)(t1 - t0) / (double)n : 0.0;
+  if (!sample) {
+    r->vm = g_vm; /* the replay's calls, before destroy gives everything back */
+    r->vm_counted = wrapped != NULL;
+  }
   st = gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
   if (st != GPUMEM_OK && rc == 0) {
     snprintf(r->error, sizeof r->error, "gpumem_destroy(FORCE): %s", gpumem_status_name(st));
@@ -198,19 +317,21 @@ static void replay_trace(const options *o, const tools_trace *t, result *r) {
   }
   r->streams_null = all_null;
   for (size_t k = 0, j = 1; k < t->num_streams; k++) streams[k] = (k == def) ? NULL : tmp[j++];
+  const gpumem_backend *wrapped = o->no_vm_count ? NULL : wrap_backend(bname);
 
   int ok = 1;
   for (int rep = 0; rep < o->repeat && ok; rep++)
-    if (replay_once(o, t, ptrs, streams, 0, &r->ns_runs[rep], r) != 0) ok = 0;
+    if (replay_once(o, t, ptrs, streams, wrapped, 0, &r->ns_runs[rep], r) != 0) ok = 0;
   if (ok && o->sample_used) {
     double ns_sampled;
     result rs = *r;
-    if (replay_once(o, t, ptrs, streams, 1, &ns_sampled, &rs) != 0) {
+    if (replay_once(o, t, ptrs, streams, wrapped, 1, &ns_sampled, &rs) != 0) {
       ok = 0;
       memcpy(r->error, rs.error, sizeof r->error);
     } else {
       r->used_peak = rs.used_peak;
       r->used_sampled = rs.used_sampled;
+      r->used_samples = rs.used_samples;
     }
   }
   r->ok = ok;
@@ -237,7 +358,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--device") && i + 1 < argc) o.device = atoi(argv[++i]);
     else if (!strcmp(a, "--repeat") && i + 1 < argc) o.repeat = atoi(argv[++i]);
     else if (!strcmp(a, "--sample-used")) o.sample_used = 1;
+    else if (!strcmp(a, "--sample-every")) o.sample_every = 1;
     else if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "--no-vm-count")) o.no_vm_count = 1;
     else if (!strcmp(a, "--json-out") && i + 1 < argc) o.json_out = argv[++i];
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
@@ -319,8 +442,14 @@ int main(int argc, char **argv) {
         for (int k = 0; k < o.repeat; k++) fprintf(jf, "%s%.2f", k ? ", " : "", r.ns_runs[k]);
         fprintf(jf, "], \"streams_all_null\": %s", r.streams_null ? "true" : "false");
         if (o.sample_used)
-          fprintf(jf, ", \"peak_used_bytes\": %llu, \"used_ratio\": %.4f, \"used_sampled\": %s",
-                 (unsigned long long)r.used_peak, uratio, r.used_sampled ? "true" : "false");
+          fprintf(jf, ", \"peak_used_bytes\": %llu, \"used_ratio\": %.4f, \"used_sampled\": %s, \"used_samples\": %llu",
+                 (unsigned long long)r.used_peak, uratio, r.used_sampled ? "true" : "false",
+                 (unsigned long long)r.used_samples);
+        if (r.vm_counted) {
+          for (int k = 0; k < VMC_N_; k++)
+            fprintf(jf, ", \"vm_%s_calls\": %llu", vmc_name[k], (unsigned long long)r.vm.calls[k]);
+          fprintf(jf, ", \"vm_call_ns\": %llu", (unsigned long long)r.vm.ns);
+        }
       }
       fprintf(jf, "}");
     }
@@ -331,6 +460,12 @@ int main(int argc, char **argv) {
              (unsigned long long)t.peak_live, (unsigned long long)r.reserved_peak, ratio, r.ns_per_event);
       if (o.sample_used) printf(" %15llu %10.3f%s", (unsigned long long)r.used_peak, uratio, r.used_sampled ? "" : " (sampling failed)");
       printf("\n");
+      if (r.vm_counted && (r.vm.calls[VMC_MAP] || r.vm.calls[VMC_RESERVE])) {
+        printf("  vm calls:");
+        for (int k = 0; k < VMC_N_; k++) printf(" %s %llu", vmc_name[k], (unsigned long long)r.vm.calls[k]);
+        printf("; %.1f ms in them (%.1f ns/event)\n", (double)r.vm.ns / 1e6,
+               t.num_events ? (double)r.vm.ns / (double)t.num_events : 0.0);
+      }
       if (r.streams_null) printf("  note: %zu streams replayed on the default stream (no stream support for this backend in the tools)\n", t.num_streams);
       if (t.num_unmatched_frees) printf("  note: %zu frees of unknown IDs skipped\n", t.num_unmatched_frees);
     } else {
