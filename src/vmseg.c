@@ -4,12 +4,12 @@
  * chunk table, NIL = none) and the busy byte count. A chunk is one physical
  * allocation (one vm_create) of one or more granules, mapped with one
  * vm_map call over a run of granules and unmapped as a whole. On an H200
- * (2026-11-30) each call costs about the same whatever the size up to
- * 1 GiB: cuMemCreate 10-25 us, cuMemMap 1-2 us + cuMemSetAccess 35-40 us,
- * cuMemUnmap 18-25 us; cuMemRelease 14 us + ~0.5 us per MiB. (One unmap or
- * set-access over a range of several mappings costs as much as one call per
- * mapping, and a mapping of part of a chunk is refused: chunks, not calls
- * over ranges, are what saves time.) Chunks with no busy granule are "idle"
+ * (2026-11-30) a call costs about the same whatever the size up to 128 MiB:
+ * cuMemCreate 10-40 us, cuMemMap 1-2 us + cuMemSetAccess 34-43 us,
+ * cuMemUnmap 18-25 us; cuMemRelease 14-18 us for 2 MiB, 0.4-0.8 us per MiB
+ * for large chunks. (One unmap or set-access over a range of several
+ * mappings costs about one call per mapping, and a mapping of part of a
+ * chunk is refused: fewer chunks, not calls over ranges, save time.) Chunks with no busy granule are "idle"
  * and sit on one doubly linked list per pool (indices, oldest first).
  * Every backend call goes through backend.c. */
 #include "vmseg.h"
