@@ -43,8 +43,8 @@ static gpumem__tc *g_list;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
 static int g_key_ok;
-_Thread_local gpumem__tc *gpumem__tls_tc __attribute__((tls_model("initial-exec")));
-static _Thread_local int tls_dead __attribute__((tls_model("initial-exec"))); /* the destructor ran: no new cache */
+_Thread_local gpumem__tc *gpumem__tls_tc;
+static _Thread_local int tls_dead; /* the destructor ran: no new cache for this thread */
 
 void gpumem__tc_lock_slow(gpumem__tc *c) {
   for (;;) {

@@ -39,8 +39,13 @@ typedef struct gpumem__tc {
 } gpumem__tc;
 
 /* This thread's cache (NULL until its first call, or after its destructor ran).
- * initial-exec: one load from the thread pointer, no __tls_get_addr call. */
-extern _Thread_local gpumem__tc *gpumem__tls_tc __attribute__((tls_model("initial-exec")));
+ * Not initial-exec: the shared library is dlopen()ed (Python, ctypes), and
+ * an initial-exec access makes the loader place all of the library's TLS
+ * (cudart_static's too) in the static TLS block, which fails ("cannot
+ * allocate memory in static TLS block"). Where the compiler has it, the
+ * library is built with TLS descriptors (-mtls-dialect=gnu2, src/CMakeLists.txt),
+ * which make this access cheap without that constraint. */
+extern _Thread_local gpumem__tc *gpumem__tls_tc;
 
 void gpumem__tc_lock_slow(gpumem__tc *c);
 
