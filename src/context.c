@@ -33,7 +33,15 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   ctx->fork_gen = gpumem__fork_init(); /* after the backend's own atfork handlers: ours run first at fork */
   if (st == GPUMEM_OK) {
     ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
-    if (ctx->pools == NULL) {
+    ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
+    ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
+    if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
+      free(ctx->pools);
+      free(ctx->devinfo);
+      free(ctx->devinfo_ok);
+      ctx->pools = NULL;
+      ctx->devinfo = NULL;
+      ctx->devinfo_ok = NULL;
       gpumem__backend_close(ctx);
       st = GPUMEM_ERR_OUT_OF_MEMORY;
     }
@@ -42,6 +50,8 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
     st = gpumem__monitor_init(ctx); /* annotations, GPUMEM_TRACE */
     if (st != GPUMEM_OK) {
       free(ctx->pools);
+      free(ctx->devinfo);
+      free(ctx->devinfo_ok);
       gpumem__backend_close(ctx);
     }
   }
@@ -51,7 +61,10 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
     free(ctx);
     return st;
   }
-  for (int i = 0; i < ctx->ndev; i++) atomic_init(&ctx->pools[i], NULL);
+  for (int i = 0; i < ctx->ndev; i++) {
+    atomic_init(&ctx->pools[i], NULL);
+    atomic_init(&ctx->devinfo_ok[i], 0);
+  }
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
   *out = ctx;
   return GPUMEM_OK;
@@ -128,6 +141,8 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   gpumem__monitor_fini(ctx);
   gpumem__backend_close(ctx);
   free(ctx->pools);
+  free(ctx->devinfo);
+  free(ctx->devinfo_ok);
   gpumem__ptrmap_destroy(&ctx->map);
   gpumem__mutex_destroy(&ctx->lock);
   free(ctx);
@@ -151,11 +166,25 @@ gpumem_status gpumem_device_get_info(gpumem_context *ctx, int device, gpumem_dev
   size_t want = info->struct_size ? info->struct_size : sizeof *info;
   if (want < offsetof(gpumem_device_info, ordinal) + sizeof(int)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (!valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  /* name, UUID, PCI id, total and physical index do not change while the
+   * context lives: asked once per device (on CUDA that costs ~10 ms), the
+   * free bytes every time */
   gpumem_backend_device_info bi;
-  memset(&bi, 0, sizeof bi);
-  bi.physical_index = -1;
-  gpumem_status st = gpumem__be_device_info(ctx, device, &bi);
-  if (st != GPUMEM_OK) return st;
+  gpumem_status st;
+  if (atomic_load_explicit(&ctx->devinfo_ok[device], memory_order_acquire)) {
+    bi = ctx->devinfo[device];
+  } else {
+    memset(&bi, 0, sizeof bi);
+    bi.physical_index = -1;
+    st = gpumem__be_device_info(ctx, device, &bi);
+    if (st != GPUMEM_OK) return st;
+    gpumem__mutex_lock(&ctx->lock);
+    if (!atomic_load_explicit(&ctx->devinfo_ok[device], memory_order_relaxed)) {
+      ctx->devinfo[device] = bi;
+      atomic_store_explicit(&ctx->devinfo_ok[device], 1, memory_order_release);
+    }
+    gpumem__mutex_unlock(&ctx->lock);
+  }
   uint64_t fr = 0, tot = 0;
   st = gpumem__be_mem_get_info(ctx, device, &fr, &tot);
   if (st != GPUMEM_OK) return st;

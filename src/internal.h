@@ -326,6 +326,8 @@ struct gpumem_context {
   gpumem__options opt;
   int ndev;
   _Atomic(gpumem__pool *) *pools; /* ndev entries, created lazily */
+  gpumem_backend_device_info *devinfo; /* ndev entries: the static part of gpumem_device_get_info, cached */
+  atomic_int *devinfo_ok;         /* ndev flags: devinfo[i] filled (set under lock, release) */
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
   unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */
