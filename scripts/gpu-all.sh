@@ -11,6 +11,7 @@
 #   soakwait  wait (up to SOAK_WAIT seconds, default 590) for the soakbg run, then report it
 #   python  scripts/gpu-python.sh                    (pytest on cuda, ResNet-18 loss match, trim, CuPy)
 # Usage: bash scripts/gpu-all.sh [part...]   (default: suite nvtx replay bench python)
+# Parts run in this order: suite nvtx soak replay bench soakbg python soakwait.
 # Each part gets a time limit; parts are skipped once DEADLINE seconds (default 560) are used.
 # All logs are packed into $OUT/gpu-logs.tgz; $OUT/summary.txt has each part's status.
 set -u
@@ -43,6 +44,8 @@ export -f nvtx; export ROOT W
 want nvtx && part nvtx 120 bash -c nvtx
 want soak && part soak "$((${SOAK_SECONDS:-60} + 30))" env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off \
   GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak"
+want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
+want bench && part bench 330 env OUT="$W/bench2" BUILD=build-gpu-bench REPEAT=${REPEAT:-5} bash scripts/gpu-bench.sh build bench
 soakbg() {
   rm -rf /tmp/gpumem-soak && mkdir -p /tmp/gpumem-soak
   date -u +%Y-%m-%dT%H:%M:%SZ >/tmp/gpumem-soak/start
@@ -62,11 +65,9 @@ soakwait() {
   [ "$(cat /tmp/gpumem-soak/rc 2>/dev/null)" = 0 ]
 }
 export -f soakbg soakwait
-want soakbg && part soakbg 30 bash -c soakbg
-want soakwait && part soakwait "${SOAK_WAIT:-590}" bash -c soakwait
-want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
-want bench && part bench 240 env OUT="$W/bench2" BUILD=build-gpu-bench REPEAT=${REPEAT:-5} bash scripts/gpu-bench.sh bench
+want soakbg && DEADLINE=$((SECONDS + 60)) part soakbg 30 bash -c soakbg # not skipped for the deadline: it only starts the soak
 want python && part python 200 env OUT="$W/python" bash scripts/gpu-python.sh
+want soakwait && part soakwait "${SOAK_WAIT:-590}" bash -c soakwait
 tar czf "$FINAL/gpu-logs.tgz" -C "$W" . 2>/dev/null
 for f in "$W"/*/summary.txt; do echo "=== $f"; cat "$f"; done >>"$S"
 cat "$S"

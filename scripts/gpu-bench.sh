@@ -16,7 +16,9 @@
 #
 # Parts can be chosen, to fit a time limit per command (the build folder is
 # reused when it exists):  bash scripts/gpu-bench.sh [build] [info] [bench] [replay] [sim]
-# (default: all of them). Environment: OUT, BUILD (build-gpu), TRACES (.gpu/traces), REPEAT (7).
+# (default: all of them). Environment: OUT, BUILD (build-gpu), TRACES (.gpu/traces), REPEAT (7),
+# BENCH_TRACE (the trace gpumem-bench replays; default $TRACES/resnet50.txt.gz), TORCH_EXPANDABLE=0 (skip
+# the second PyTorch run with expandable_segments:True).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-bench-out}
@@ -69,12 +71,13 @@ if want info; then
 fi
 
 trace_arg=(--no-trace)
-[ -f "$TRACES/resnet50.txt.gz" ] && trace_arg=(--trace "$TRACES/resnet50.txt.gz")
+BENCH_TRACE=${BENCH_TRACE:-$TRACES/resnet50.txt.gz}
+[ -f "$BENCH_TRACE" ] && trace_arg=(--trace "$BENCH_TRACE")
 [ "${trace_arg[0]}" = --no-trace ] && [ -f examples/traces/resnet50.txt.gz ] &&
   trace_arg=(--trace examples/traces/resnet50.txt.gz)
 want bench && step bench-cuda 540 "$T/gpumem-bench" --backend cuda --repeat "$REPEAT" "${trace_arg[@]}" \
   --json-out "$OUT/bench-cuda.json"
-if want bench && grep -q '"allocators": .*"torch"' "$OUT/bench-cuda.json" 2>/dev/null; then
+if want bench && [ "${TORCH_EXPANDABLE:-1}" = 1 ] && grep -q '"allocators": .*"torch"' "$OUT/bench-cuda.json" 2>/dev/null; then
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step bench-torch-expandable 300 "$T/gpumem-bench" \
     --backend cuda --repeat "$REPEAT" --only libgpumem,torch "${trace_arg[@]}" \
     --json-out "$OUT/bench-torch-expandable.json"
