@@ -599,9 +599,14 @@ static void mark_release(gpumem__pool *p, gpumem__srec *r) {
   gpumem__fidx *f = r->idx;
   for (int c = 0; c < CLS_COUNT; c++) {
     gpumem__tlsf *t = &f->t[c];
-    for (int fl = 0; fl < TLSF_FL; fl++) {
-      if (((t->fl_bitmap >> fl) & 1u) == 0) continue;
-      for (int sl = 0; sl < TLSF_SL; sl++) {
+    uint64_t fls = t->fl_bitmap; /* a copy: blocks leave f below, but only the non-empty bins at entry matter */
+    while (fls != 0) {
+      int fl = ctz64(fls);
+      fls &= fls - 1;
+      unsigned sls = t->sl_bitmap[fl];
+      while (sls != 0) {
+        int sl = __builtin_ctz(sls);
+        sls &= sls - 1;
         gpumem__block *b = t->heads[fl][sl], *n;
         for (; b != NULL; b = n) {
           n = b->fnext; /* in f: untouched by a merge into READY */
@@ -902,8 +907,8 @@ static size_t vm_need(const gpumem__block *b, size_t rsize) {
  * unmapped ones) than one at its start. */
 static int vm_fresh_end_better(const gpumem__block *b, size_t rsize) {
   if (b->seg->kind != SEG_VM) return 0;
-  return gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize) <
-         gpumem__vm_place_cost(b->seg->vm, b->addr, rsize);
+  return gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize, SIZE_MAX) <
+         gpumem__vm_place_cost(b->seg->vm, b->addr, rsize, SIZE_MAX);
 }
 
 /* Like take(), for a READY block of an expandable segment, but the block is
@@ -932,25 +937,38 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
  * block, then the lower address. This stream's own free blocks are busy, so
  * they score well. */
 #define VM_CANDIDATES 16
-static void vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **best, size_t *best_fresh) {
-  if (f == NULL || f->nblocks == 0) return;
-  int seen = 0;
+#define VM_SKIP_MAX 32 /* smaller blocks passed over in the request's own bucket */
+/* Returns 1 when *best can not be beaten (an exact fit that touches no new
+ * granule): the search stops there. Costs are counted only up to the best
+ * so far (a candidate costing more loses anyway). */
+static int vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **best, size_t *best_fresh) {
+  if (f == NULL || f->nblocks == 0) return 0;
+  int seen = 0, skipped = 0;
   int cls[2] = {rcls, CLS_MIXED};
   for (int ci = 0; ci < 2 && seen < VM_CANDIDATES; ci++) {
     gpumem__tlsf *t = &f->t[cls[ci]];
-    int fl0, sl0;
+    int fl0, sl0, zero_here = 0;
     tlsf_map(rsize, &fl0, &sl0);
-    for (int fl = fl0; fl < TLSF_FL && seen < VM_CANDIDATES; fl++) {
-      if (((t->fl_bitmap >> fl) & 1u) == 0) continue;
-      for (int sl = fl == fl0 ? sl0 : 0; sl < TLSF_SL && seen < VM_CANDIDATES; sl++) {
+    uint64_t fls = t->fl_bitmap & (~(uint64_t)0 << fl0); /* non-empty first levels from fl0 (bitmaps: no empty bin is visited) */
+    while (fls != 0 && seen < VM_CANDIDATES) {
+      int fl = ctz64(fls);
+      fls &= fls - 1;
+      unsigned sls = t->sl_bitmap[fl] & (fl == fl0 ? ~0u << sl0 : ~0u);
+      while (sls != 0 && seen < VM_CANDIDATES) {
+        int sl = __builtin_ctz(sls);
+        sls &= sls - 1;
         for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
-          if (b->size < rsize) continue;
+          if (b->size < rsize) { /* only in the request's own bucket; a long list of those is not walked to its end */
+            if (++skipped > VM_SKIP_MAX) break;
+            continue;
+          }
           seen++;
           size_t fr = 0;
           if (b->seg->kind == SEG_VM) {
-            fr = gpumem__vm_place_cost(b->seg->vm, b->addr, rsize);
-            if (f->kind == IDX_READY) {
-              size_t f2 = gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize);
+            size_t cap = *best == NULL ? SIZE_MAX : *best_fresh;
+            fr = gpumem__vm_place_cost(b->seg->vm, b->addr, rsize, cap);
+            if (f->kind == IDX_READY && fr > 0) {
+              size_t f2 = gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize, fr);
               if (f2 < fr) fr = f2;
             }
           }
@@ -959,22 +977,32 @@ static void vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block *
               (fr == *best_fresh && (b->size < c->size || (b->size == c->size && b->addr < c->addr)))) {
             *best = b;
             *best_fresh = fr;
+            if (fr == 0 && b->size == rsize) return 1;
+            if (fr == 0) zero_here = 1;
           }
         }
+        /* a block costing nothing was found in this bucket: later buckets of
+         * this class hold only larger blocks, which lose the tie */
+        if (zero_here) break;
       }
+      if (zero_here) break;
     }
   }
+  return 0;
 }
 
 /* The best place among this stream's free blocks (mapped) and READY ones. */
-static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls) {
+static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls, size_t *cost) {
   gpumem__block *b = NULL;
   size_t fresh = SIZE_MAX;
+  int done = 0;
   if (r != NULL) {
-    vm_consider(r->idx, rsize, rcls, &b, &fresh);
-    for (gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) vm_consider(bt->idx, rsize, rcls, &b, &fresh);
+    done = vm_consider(r->idx, rsize, rcls, &b, &fresh);
+    for (gpumem__batch *bt = r->batches; bt != NULL && !done; bt = bt->snext)
+      done = vm_consider(bt->idx, rsize, rcls, &b, &fresh);
   }
-  vm_consider(p->ready, rsize, rcls, &b, &fresh);
+  if (!done) vm_consider(p->ready, rsize, rcls, &b, &fresh);
+  *cost = fresh;
   return b;
 }
 
@@ -1071,19 +1099,23 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
   gpumem__srec *r = srec_find(p, stream);
   size_t g = gpumem__vm_granularity(p->vm);
   for (int pass = 0;; pass++) {
-    gpumem__block *b = vm_search(p, r, rsize, rcls);
+    size_t cost = 0;
+    gpumem__block *b = vm_search(p, r, rsize, rcls, &cost);
     size_t need = b != NULL ? vm_need(b, rsize) : 1;
-    if (need > 0 || (b != NULL && b->idx != p->ready)) {
+    if (need > 0 || (b != NULL && b->idx != p->ready && (b->size != rsize || cost != 0))) {
       /* before mapping, or before settling for a free block of this stream's
-       * own (placed where it was freed): completed frees become READY (their
-       * granules idle, their space placeable anywhere), and this stream's
-       * unbatched frees get their event (this call names the stream) */
+       * own that does not fit exactly (placed where it was freed): completed
+       * frees become READY (their granules idle, their space placeable
+       * anywhere), and this stream's unbatched frees get their event (this
+       * call names the stream). An exact fit of the stream's own, all mapped,
+       * is taken at once: no event is recorded or asked (on CUDA that is
+       * about a microsecond per allocation). */
       if (p->npending > 0 || p->nmarks > 0) poll_pending(p);
       if (r != NULL && r->batches == NULL && r->idx->nblocks > 0 && p->ctx->has_events) {
         (void)harvest(p, r, 1);
         poll_pending(p);
       }
-      b = vm_search(p, r, rsize, rcls);
+      b = vm_search(p, r, rsize, rcls, &cost);
       need = b != NULL ? vm_need(b, rsize) : 1;
     }
     size_t avail = gpumem__vm_available(p->vm);

@@ -455,13 +455,13 @@ void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta
   }
 }
 
-size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size) {
+size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size, size_t cap) {
   if (size == 0) return 0;
   size_t gs = vs->vp->gran;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off / gs), last = (uint32_t)((off + size - 1) / gs);
   size_t k = 0;
-  for (; g <= last; g++) k += (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == NIL);
+  for (; g <= last && k <= cap; g++) k += (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == NIL);
   return k;
 }
 

@@ -87,7 +87,7 @@ void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta
  * an unmapped one 2: both take a granule's worth from the pool's memory,
  * but only the unmapped one costs backend calls.
  */
-size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
+size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size, size_t cap);
 /** Granules of [addr, addr+size) that are not mapped. */
 size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
 /** Bytes of spare chunks (held, unmapped). */
