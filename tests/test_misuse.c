@@ -560,9 +560,24 @@ static void *fork_hammer(void *arg) {
  * inherited context return GPUMEM_ERR_NOT_SUPPORTED without taking a lock
  * (fork generation), and the sim backend's lock is taken around fork
  * (pthread_atfork) so the child's own context works. */
+#if defined(__SANITIZE_ADDRESS__)
+#  define TU_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define TU_ASAN 1
+#  endif
+#endif
 static void test_fork_busy_parent(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
+#ifdef TU_ASAN
+  /* ASan's own allocator takes no lock around fork(): a child forked while a
+   * parent thread is inside malloc hangs in ASan's malloc (seen: 12 of 15
+   * runs, the child blocked in SizeClassAllocator64::GetFromAllocator, not in
+   * libgpumem). The plain, UBSan, TSan-free and valgrind runs cover it. */
+  print_message("skipped under AddressSanitizer: its allocator is not fork-safe with busy threads\n");
+  skip();
+#endif
   g_fctx = tu_ctx_new(NULL);
   g_fblock = NULL;
   atomic_store(&g_fstop, 0);
