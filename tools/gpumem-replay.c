@@ -44,6 +44,7 @@ typedef struct options {
   int repeat;
   int sample_used;
   int sample_every;
+  size_t sim_lag;
   int json;
   int no_vm_count;
   const char *json_out;
@@ -144,6 +145,7 @@ static void usage(FILE *f) {
           "  --sample-used    one more run reading the backend's used memory after each allocation\n"
           "                   that made the backend allocate (its peak)\n"
           "  --sample-every   with --sample-used: read it after every allocation\n"
+          "  --sim-lag N      sim: the device completes queued work only every N events (a GPU behind the host)\n"
           "  --json           JSON output instead of the table\n"
           "  --json-out FILE  the table, and JSON into FILE\n"
           "  --no-vm-count    do not wrap the backend to count its virtual-memory calls\n"
@@ -206,6 +208,10 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   if (sample && strcmp(bname, "sim") != 0) base = used_now(ctx, bname, o->device, 0, &used_ok);
   uint64_t used_peak = 0, samples = 0, grows_seen = UINT64_MAX;
   int dev = o->device;
+  /* --sim-lag N: the simulated device completes queued work only every N
+   * events, as a GPU running behind the host does (sim only) */
+  size_t lag = !strcmp(bname, "sim") ? o->sim_lag : 0;
+  if (lag != 0) gpumem_sim_set_delayed(1);
   const tools_event *ev = t->events;
   size_t n = t->num_events;
   size_t i;
@@ -218,6 +224,7 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
       else
         st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
       if (st != GPUMEM_OK) break;
+      if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
     }
   } else {
     for (i = 0; i < n; i++) {
@@ -235,7 +242,12 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
         st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
         if (st != GPUMEM_OK) break;
       }
+      if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
     }
+  }
+  if (lag != 0) {
+    gpumem_sim_complete_all();
+    gpumem_sim_set_delayed(0);
   }
   tools_device_sync(bname, dev);
   uint64_t t1 = tools_now_ns();
@@ -359,6 +371,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--repeat") && i + 1 < argc) o.repeat = atoi(argv[++i]);
     else if (!strcmp(a, "--sample-used")) o.sample_used = 1;
     else if (!strcmp(a, "--sample-every")) o.sample_every = 1;
+    else if (!strcmp(a, "--sim-lag") && i + 1 < argc) o.sim_lag = (size_t)strtoull(argv[++i], NULL, 10);
     else if (!strcmp(a, "--json")) o.json = 1;
     else if (!strcmp(a, "--no-vm-count")) o.no_vm_count = 1;
     else if (!strcmp(a, "--json-out") && i + 1 < argc) o.json_out = argv[++i];
