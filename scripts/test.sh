@@ -7,9 +7,11 @@
 #   3. the suite again under ASan+UBSan, and the threaded tests (and a 3 s soak) under TSan;
 #      with clang: the suite under ASan+UBSan+unsigned-integer-overflow, and fuzz_ops
 #      (libFuzzer) for GPUMEM_FUZZ_SECONDS (60) on fuzz/corpus
-#   valgrind memcheck over a subset of the sim tests (GPUMEM_TEST_VALGRIND=1: every sim test)
+#   valgrind memcheck over every sim test (scripts/valgrind.sh; heavy loops scaled down under valgrind)
 #   4. the Doxygen docs with warnings as errors
-# Environment: JOBS (default nproc), GPUMEM_TEST_SKIP_SANITIZERS=1 to skip step 3.
+# Environment: JOBS (default nproc), GPUMEM_TEST_SKIP_SANITIZERS=1 to skip step 3 and valgrind,
+#   GPUMEM_TEST_VALGRIND=0 to skip valgrind, =1 to run it even with GPUMEM_TEST_SKIP_SANITIZERS=1,
+#   =full to run it at full scale (GPUMEM_TEST_SCALE=1: about 10.5 minutes on 2 cores, test_fault_sweep alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -67,16 +69,24 @@ if [ "${GPUMEM_TEST_SKIP_SANITIZERS:-0}" != 1 ]; then
     grep -E '^(Done|fuzz_ops:)' build/fuzz/fuzz.log
   fi
 fi
-if [ "${GPUMEM_TEST_VALGRIND:-0}" = 1 ]; then
-  step "valgrind memcheck (every sim test; slow)"
-  ./scripts/valgrind.sh
-elif [ "${GPUMEM_TEST_SKIP_SANITIZERS:-0}" != 1 ]; then
-  # the whole set takes far longer than CI allows (the fault sweeps under memcheck:
-  # over 10 minutes; test_alloc alone 8 minutes with --track-origins=yes on a loaded
-  # 2-core machine); these cover contexts, devices and the backend probes
-  step "valgrind memcheck (a subset of the sim tests; GPUMEM_TEST_VALGRIND=1 for all)"
-  TESTS="test_backend_probe test_context test_devices" VALGRIND_ARGS=--track-origins=no ./scripts/valgrind.sh
+# valgrind memcheck over every sim test (ctest -L sim, less python and tools), JOBS at a time,
+# with the sim's blocks announced to memcheck. Under valgrind the tests scale their heavy
+# loops down (tests/testutil.h, tu_scale: fault sweeps every 17th index plus the first and
+# last 2, fewer operations in the threaded and random tests): 2.5 to 3.5 minutes on 2 cores
+# (docs/RELIABILITY.md). GPUMEM_TEST_VALGRIND=full runs the full-scale version.
+vg_mode=${GPUMEM_TEST_VALGRIND:-}
+if [ -z "$vg_mode" ]; then
+  if [ "${GPUMEM_TEST_SKIP_SANITIZERS:-0}" = 1 ]; then vg_mode=0; else vg_mode=1; fi
 fi
+case "$vg_mode" in
+  0) ;;
+  full)
+    step "valgrind memcheck (every sim test, full scale; slow)"
+    GPUMEM_TEST_SCALE=1 BUILD=build/valgrind JOBS="$JOBS" ./scripts/valgrind.sh ;;
+  *)
+    step "valgrind memcheck (every sim test; heavy loops scaled down, GPUMEM_TEST_VALGRIND=full for full scale)"
+    BUILD=build/valgrind JOBS="$JOBS" ./scripts/valgrind.sh ;;
+esac
 
 if grep -q 'docs target ON' build/ci.configure.log; then
   step "Doxygen (warnings are errors)"

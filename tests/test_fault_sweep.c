@@ -422,6 +422,7 @@ static void sweep(const scenario *sc) {
     const int errors[] = {GPUMEM_SIM_ERR_INJECTED, GPUMEM_SIM_ERR_OUT_OF_MEMORY};
     for (int e = 0; e < (k == GPUMEM_SIM_CALL_MALLOC ? 2 : 1); e++)
       for (uint64_t nth = 1; nth <= calls + 1; nth++) {
+        if (!tu_sweep_keep(nth, calls + 1, 2, (unsigned)(k + e))) continue; /* valgrind: a stride (testutil.h) */
         runs++;
         if (!one_run(sc, k, nth, errors[e], (int)(nth & 1), NULL)) failures++;
       }

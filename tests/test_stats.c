@@ -150,7 +150,8 @@ static void test_random_sequences(void **state) {
   void *p[N] = {0};
   size_t sz[N] = {0};
   uint64_t rng = 12345, live = 0, req = 0, allocs = 0, frees = 0, peak_req = 0;
-  for (int step = 0; step < STEPS; step++) {
+  const int steps = (int)tu_scaled(STEPS, 750); /* valgrind: fewer (testutil.h) */
+  for (int step = 0; step < steps; step++) {
     int i = (int)(tu_rand(&rng) % N);
     if (p[i]) {
       assert_status(gpumem_free(ctx, p[i], NULL), GPUMEM_OK);
@@ -169,7 +170,7 @@ static void test_random_sequences(void **state) {
       if (req > peak_req) peak_req = req;
     }
     if (step % 500 == 0) assert_status(gpumem_trim(ctx, 0, tu_rand(&rng) % (64 * TU_MiB), NULL), GPUMEM_OK);
-    if (step % 50 == 0 || step == STEPS - 1) {
+    if (step % 50 == 0 || step == steps - 1) {
       gpumem_stats s = tu_stats(ctx, 0);
       tu_assert_stats_sane(&s);
       assert_true(s.num_live == live);

@@ -246,7 +246,7 @@ static void *worker(void *argp) {
   void *ptr[LIVE] = {0};
   size_t sz[LIVE] = {0};
   gpumem_stream st[LIVE] = {0};
-  for (int i = 0; i < 3000; i++) {
+  for (int i = 0, iters = (int)tu_scaled(3000, 300); i < iters; i++) { /* valgrind: fewer (testutil.h) */
     int k = (int)(tu_rand(&rng) % LIVE);
     if (ptr[k] != NULL) {
       if (!tu_stamp_ok(ptr[k], sz[k], (uint32_t)(a->id * 1000 + k))) return (void *)1;

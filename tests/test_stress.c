@@ -28,7 +28,7 @@ static void *worker(void *arg) {
   uintptr_t id = (uintptr_t)arg;
   uint64_t rng = 0x9E3779B97F4A7C15ull * (id + 1);
   gpumem_stream stream = tu_is_sim() ? (gpumem_stream)(0x1000 + id) : NULL;
-  for (int op = 0; op < OPS; op++) {
+  for (int op = 0, ops = (int)tu_scaled(OPS, 500); op < ops; op++) { /* valgrind: fewer (testutil.h) */
     int i = (int)(tu_rand(&rng) % SLOTS);
     slot taken = {0};
     pthread_mutex_lock(&g_mu);

@@ -66,6 +66,34 @@ int tu_is_sim(void);
 void tu_config(gpumem_config *cfg);
 
 /* ---------------------------------------------------------------------- */
+/* Test scale (valgrind)                                                   */
+
+/**
+ * Divisor for the iteration counts of the heavy loops (the fault sweeps,
+ * the threaded stress tests): 1 in normal runs, so they always run at full
+ * scale. Under valgrind (RUNNING_ON_VALGRIND, when <valgrind/valgrind.h> was
+ * found at build time) it is TU_VALGRIND_SCALE, so that memcheck can run
+ * every test in CI. $GPUMEM_TEST_SCALE (a positive integer, read once)
+ * overrides both: GPUMEM_TEST_SCALE=1 runs full scale under valgrind.
+ * tu_setup() leaves GPUMEM_TEST_* variables alone.
+ */
+unsigned tu_scale(void);
+/** Default divisor under valgrind. */
+#define TU_VALGRIND_SCALE 16u
+/** 1 when the test runs under valgrind (0 when valgrind.h was not found at build time). */
+int tu_on_valgrind(void);
+/** n / tu_scale(), at least lo (and at most n): an iteration count scaled down under valgrind. */
+unsigned long tu_scaled(unsigned long n, unsigned long lo);
+/**
+ * Whether a sweep over indexes 1..count keeps index i at this scale: all of
+ * them at scale 1; otherwise the first and the last `edge`, and every s-th
+ * between, s = tu_scale() made odd (so that kept indexes alternate between
+ * even and odd), offset by `phase` (so that the sweeps of different kinds
+ * cover different indexes).
+ */
+int tu_sweep_keep(uint64_t i, uint64_t count, unsigned edge, unsigned phase);
+
+/* ---------------------------------------------------------------------- */
 /* Contexts                                                                */
 
 /** Create and register a context from cfg (NULL = tu_config defaults); asserts GPUMEM_OK. */
@@ -119,11 +147,21 @@ void tu_assert_stats_equal(const gpumem_stats *a, const gpumem_stats *b);
 /**
  * Write a pattern derived from `stamp` into [p, p+n). Blocks larger than
  * 128 KiB get their first and last 64 KiB and one 64-byte run per MiB
- * between, so that huge blocks stay cheap. No-op unless the backend is sim.
+ * between, so that huge blocks stay cheap. When tu_scale() > 1 (valgrind):
+ * blocks up to 8 KiB whole, else the first and last 4 KiB and one 64-byte
+ * run per 64 KiB. No-op unless the backend is sim.
  */
 void tu_stamp(void *p, size_t n, uint32_t stamp);
 /** 1 when [p, p+n) still holds the pattern tu_stamp(p, n, stamp) wrote (always 1 unless sim). */
 int tu_stamp_ok(const void *p, size_t n, uint32_t stamp);
+/**
+ * tu_stamp_ok for a block the test has already freed while stream work on it
+ * is still pending (delayed mode): the sim keeps that memory untouched, and
+ * the test reads it on purpose to prove it. memcheck knows the block as
+ * freed (the sim announces every free), so under valgrind these reads, and
+ * only these, are not reported.
+ */
+int tu_stamp_ok_pending(const void *p, size_t n, uint32_t stamp);
 
 /* ---------------------------------------------------------------------- */
 /* Live block set and overlap check                                        */
@@ -177,7 +215,7 @@ void tu_setenv(const char *name, const char *value);
  */
 void tu_env_restore(void);
 /**
- * Unset every GPUMEM_* variable (except GPUMEM_TEST_BACKEND), and on sim also
+ * Unset every GPUMEM_* variable (except GPUMEM_TEST_*, the harness's own), and on sim also
  * CUDA_VISIBLE_DEVICES, saving them for tu_env_restore().
  */
 void tu_env_clean(void);
