@@ -72,7 +72,7 @@ static void flush_locked(gpumem__tc *c, int named) {
       all[n++] = b;
     }
   }
-  int64_t d_live = (int64_t)(c->d_allocs - c->d_frees);
+  int64_t d_live = (int64_t)c->d_allocs - (int64_t)c->d_frees; /* frees may outnumber allocs here */
   gpumem__pool_put_cached(c->pool, &c->acct, all, n, c->stream, named, &c->d_req, &d_live, &c->d_allocs,
                           &c->d_frees);
 }
@@ -309,7 +309,7 @@ void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *o
     if (c->ctx != ctx || c->pool != p) continue;
     one->allocated_bytes -= c->acct.cached;
     one->requested_bytes = (uint64_t)((int64_t)one->requested_bytes + c->d_req);
-    one->num_live = one->num_live + c->d_allocs - c->d_frees;
+    one->num_live = (uint64_t)((int64_t)one->num_live + (int64_t)c->d_allocs - (int64_t)c->d_frees);
     one->num_allocs += c->d_allocs;
     one->num_frees += c->d_frees;
   }

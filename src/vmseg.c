@@ -575,10 +575,12 @@ gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *
   /* then idle chunks, oldest first; the last one only in part */
   size_t todo = 0; /* a failed chunk moves to the tail: visit each once */
   for (uint32_t i = vp->ihead; i != NIL; i = vp->ch[i].next) todo++;
-  while (vp->ihead != NIL && todo-- > 0 && rel < max_bytes) {
+  while (vp->ihead != NIL && todo > 0 && rel < max_bytes) {
+    todo--;
     uint32_t i = vp->ihead;
     uint32_t len = vp->ch[i].len;
-    uint64_t want = (max_bytes - rel + vp->gran - 1) / vp->gran; /* granules */
+    uint64_t left = max_bytes - rel; /* (max_bytes may be UINT64_MAX: no rounding-up addition) */
+    uint64_t want = left / vp->gran + (left % vp->gran != 0); /* granules */
     uint32_t keep = want < len ? len - (uint32_t)want : 0;
     uint64_t held0 = vp->st->reserved_bytes;
     gpumem_status st = shrink(vp, i, keep);
