@@ -297,14 +297,8 @@ int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
 /** Remove key when it maps to pool and its block is live (any = 1: or in a thread cache); returns the block or NULL. */
 gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any);
-/**
- * The ownership step of a free through a thread cache: under the shard lock,
- * find key's live block (absent or already in a thread cache: NULL). If its
- * pool is keep_pool and its size <= keep_max, mark it cached (the entry
- * stays, *kept = 1); otherwise remove the entry (*kept = 0). *pool gets its pool.
- */
-gpumem__block *gpumem__ptrmap_claim(gpumem__ptrmap *m, uintptr_t key, const gpumem__pool *keep_pool, size_t keep_max,
-                                    gpumem__pool **pool, int *kept);
+/** Remove key when its block is live (absent or in a thread cache: NULL); its pool in *pool. */
+gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool);
 /** Look key up and copy out the requested size and device of its live block. 0 if found. */
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device);
 /** 1 if key maps to exactly (block, pool). */

@@ -9,17 +9,13 @@
  * handing one out again is a single store by its cache's owner, no index
  * operation. The flag goes 0 -> 1 only under the shard lock (one claimant
  * wins), 1 -> 0 only by the cache owner under its cache lock, and a cached
- * entry is removed only by its cache's flush (under the cache lock). */
+ * entry is removed only by its cache's flush (under the cache lock). A cache
+ * hit in gpumem_free (tcache.h) sets the mark under the shard lock. */
 #include "internal.h"
 
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define hash_key gpumem__ptrmap_hash
-#define shard_lock gpumem__ptrmap_lock
-#define shard_unlock gpumem__ptrmap_unlock
-#define home gpumem__ptrmap_home
 
 void gpumem__ptrmap_lock_slow(gpumem__ptrmap_shard *s) {
   for (;;) {
@@ -59,7 +55,7 @@ static int grow(gpumem__ptrmap_shard *s) {
   if (ns == NULL) return -1;
   for (size_t i = 0; i < s->cap; i++) {
     if (s->slots[i].key == 0) continue;
-    size_t j = (size_t)(hash_key(s->slots[i].key) >> 6) & (ncap - 1);
+    size_t j = (size_t)(gpumem__ptrmap_hash(s->slots[i].key) >> 6) & (ncap - 1);
     while (ns[j].key != 0) j = (j + 1) & (ncap - 1);
     ns[j] = s->slots[i];
   }
@@ -73,29 +69,29 @@ static int grow(gpumem__ptrmap_shard *s) {
 static inline int need_grow(const gpumem__ptrmap_shard *s) { return (s->count + 1) * 2 > s->cap; }
 
 int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
-  gpumem__ptrmap_shard *s = shard_of(m, hash_key(key));
-  shard_lock(s);
+  gpumem__ptrmap_shard *s = shard_of(m, gpumem__ptrmap_hash(key));
+  gpumem__ptrmap_lock(s);
   int rc = 0;
   if (need_grow(s)) rc = grow(s);
-  shard_unlock(s);
+  gpumem__ptrmap_unlock(s);
   return rc;
 }
 
 int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool) {
-  uint64_t h = hash_key(key);
+  uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  shard_lock(s);
+  gpumem__ptrmap_lock(s);
   if (need_grow(s) && grow(s) != 0) {
-    shard_unlock(s);
+    gpumem__ptrmap_unlock(s);
     return -1;
   }
-  size_t i = home(s, h);
+  size_t i = gpumem__ptrmap_home(s, h);
   while (s->slots[i].key != 0 && s->slots[i].key != key) i = (i + 1) & (s->cap - 1);
   if (s->slots[i].key == 0) s->count++;
   s->slots[i].key = key;
   s->slots[i].block = b;
   s->slots[i].pool = pool;
-  shard_unlock(s);
+  gpumem__ptrmap_unlock(s);
   return 0;
 }
 
@@ -110,12 +106,12 @@ static inline int is_cached(const gpumem__block *b) {
 }
 
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
-  uint64_t h = hash_key(key);
+  uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  shard_lock(s);
+  gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
   gpumem__pool *p = i == SIZE_MAX || is_cached(s->slots[i].block) ? NULL : s->slots[i].pool;
-  shard_unlock(s);
+  gpumem__ptrmap_unlock(s);
   return p;
 }
 
@@ -123,40 +119,31 @@ gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
 static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i);
 
 gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any) {
-  uint64_t h = hash_key(key);
+  uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  shard_lock(s);
+  gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
   if (i == SIZE_MAX || s->slots[i].pool != pool || (!any && is_cached(s->slots[i].block))) {
-    shard_unlock(s);
+    gpumem__ptrmap_unlock(s);
     return NULL;
   }
   gpumem__block *b = remove_at(s, i);
-  shard_unlock(s);
+  gpumem__ptrmap_unlock(s);
   return b;
 }
 
-gpumem__block *gpumem__ptrmap_claim(gpumem__ptrmap *m, uintptr_t key, const gpumem__pool *keep_pool, size_t keep_max,
-                                    gpumem__pool **pool, int *kept) {
-  uint64_t h = hash_key(key);
+gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool) {
+  uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  shard_lock(s);
+  gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
-  gpumem__block *b;
-  if (GPUMEM__UNLIKELY(i == SIZE_MAX) || GPUMEM__UNLIKELY(is_cached(b = s->slots[i].block))) {
-    shard_unlock(s);
+  if (i == SIZE_MAX || is_cached(s->slots[i].block)) {
+    gpumem__ptrmap_unlock(s);
     return NULL;
   }
-  gpumem__pool *p = s->slots[i].pool;
-  *pool = p;
-  if (p == keep_pool && b->size <= keep_max) {
-    atomic_store_explicit(&b->tc_cached, 1, memory_order_relaxed); /* the shard lock orders it */
-    *kept = 1;
-  } else {
-    (void)remove_at(s, i);
-    *kept = 0;
-  }
-  shard_unlock(s);
+  *pool = s->slots[i].pool;
+  gpumem__block *b = remove_at(s, i);
+  gpumem__ptrmap_unlock(s);
   return b;
 }
 
@@ -168,7 +155,7 @@ static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
   for (;;) {
     j = (j + 1) & mask;
     if (s->slots[j].key == 0) break;
-    size_t k = home(s, hash_key(s->slots[j].key));
+    size_t k = gpumem__ptrmap_home(s, gpumem__ptrmap_hash(s->slots[j].key));
     /* move j into i if k is not cyclically in (i, j] */
     if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
       s->slots[i] = s->slots[j];
@@ -183,30 +170,30 @@ static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
 }
 
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
-  uint64_t h = hash_key(key);
+  uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  shard_lock(s);
+  gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
   if (i == SIZE_MAX || is_cached(s->slots[i].block)) {
-    shard_unlock(s);
+    gpumem__ptrmap_unlock(s);
     return -1;
   }
   /* the block is live while its entry exists, and entries only go away under this lock */
   size_t r = gpumem__block_requested(s->slots[i].block);
   int d = gpumem__pool_device_of(s->slots[i].pool);
-  shard_unlock(s);
+  gpumem__ptrmap_unlock(s);
   if (requested != NULL) *requested = r;
   if (device != NULL) *device = d;
   return 0;
 }
 
 int gpumem__ptrmap_contains(gpumem__ptrmap *m, uintptr_t key, const gpumem__block *b, const gpumem__pool *pool) {
-  uint64_t h = hash_key(key);
+  uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = shard_of(m, h);
-  shard_lock(s);
+  gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
   int ok = i != SIZE_MAX && s->slots[i].block == b && s->slots[i].pool == pool;
-  shard_unlock(s);
+  gpumem__ptrmap_unlock(s);
   return ok;
 }
 
@@ -214,10 +201,10 @@ size_t gpumem__ptrmap_count_pool(gpumem__ptrmap *m, const gpumem__pool *pool) {
   size_t n = 0;
   for (int k = 0; k < GPUMEM__PTRMAP_SHARDS; k++) {
     gpumem__ptrmap_shard *s = &m->shards[k];
-    shard_lock(s);
+    gpumem__ptrmap_lock(s);
     for (size_t i = 0; i < s->cap; i++)
       if (s->slots[i].key != 0 && s->slots[i].pool == pool) n++;
-    shard_unlock(s);
+    gpumem__ptrmap_unlock(s);
   }
   return n;
 }

@@ -1,8 +1,8 @@
 /* tcache.c: per-thread caches in front of the pools (issue 4).
  *
  * Each thread that allocates or frees gets one cache, keyed by (context,
- * pool, stream). A free on S of a block of that pool, up to TC_MAX_SIZE,
- * claims the block in the pointer index (gpumem__ptrmap_claim: under the
+ * pool, stream). A free on S of a block of that pool, up to GPUMEM__TC_MAX_SIZE,
+ * claims the block in the pointer index (gpumem__tc_fast_free: under the
  * shard lock the block is marked cached, so of two threads freeing one
  * pointer exactly one wins and a later free of it is rejected) and keeps it
  * in a bin of its exact block size; an alloc on S of that rounded size pops
@@ -26,17 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TC_MAX_SIZE GPUMEM__TC_MAX_SIZE
-#define TC_BINS GPUMEM__TC_BINS
-#define TC_BIN_CAP GPUMEM__TC_BIN_CAP
-#define TC_MAX_BYTES GPUMEM__TC_MAX_BYTES
 #define TC_REKEY_MISSES 16 /* calls on another key before a non-empty cache is flushed and rekeyed */
-
-typedef gpumem__tc_bin tc_bin;
-#define tc_lock gpumem__tc_lock
-#define tc_unlock gpumem__tc_unlock
-#define bin_of gpumem__tc_bin_of
-#define tls_tc gpumem__tls_tc
 
 static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
 static gpumem__tc *g_list;
@@ -60,10 +50,10 @@ void gpumem__tc_lock_slow(gpumem__tc *c) {
 static void flush_locked(gpumem__tc *c, int named) {
   if (c->pool == NULL) return;
   if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
-  gpumem__block *all[TC_BINS * TC_BIN_CAP];
+  gpumem__block *all[GPUMEM__TC_BINS * GPUMEM__TC_BIN_CAP];
   size_t n = 0;
-  for (int i = 0; i < TC_BINS; i++) {
-    tc_bin *bn = &c->bins[i];
+  for (int i = 0; i < GPUMEM__TC_BINS; i++) {
+    gpumem__tc_bin *bn = &c->bins[i];
     while (bn->n > 0) {
       gpumem__block *b = bn->b[--bn->n];
       /* cached: no one else removes or claims the entry, so it is there */
@@ -91,15 +81,15 @@ static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem
 static void tc_destructor(void *arg) {
   gpumem__tc *c = arg;
   pthread_mutex_lock(&g_reg);
-  tc_lock(c);
+  gpumem__tc_lock(c);
   if (c->ctx != NULL) flush_locked(c, 0);
   c->ctx = NULL;
   if (c->prev != NULL) c->prev->next = c->next;
   else g_list = c->next;
   if (c->next != NULL) c->next->prev = c->prev;
-  tc_unlock(c);
+  gpumem__tc_unlock(c);
   pthread_mutex_unlock(&g_reg);
-  tls_tc = NULL;
+  gpumem__tls_tc = NULL;
   tls_dead = 1;
   free(c);
 }
@@ -114,7 +104,7 @@ static void fork_child(void) {
   g_list = NULL;
   while (c != NULL) {
     gpumem__tc *n = c->next;
-    if (c == tls_tc) {
+    if (c == gpumem__tls_tc) {
       memset(c, 0, sizeof *c);
       atomic_init(&c->busy, 0);
       g_list = c;
@@ -136,7 +126,7 @@ static void key_init(void) {
 
 /* This thread's cache, created on first use; NULL when none can be had. */
 static gpumem__tc *tc_self(void) {
-  gpumem__tc *c = tls_tc;
+  gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__LIKELY(c != NULL)) return c;
   if (tls_dead) return NULL;
   (void)pthread_once(&g_once, key_init);
@@ -153,7 +143,7 @@ static gpumem__tc *tc_self(void) {
   if (g_list != NULL) g_list->prev = c;
   g_list = c;
   pthread_mutex_unlock(&g_reg);
-  tls_tc = c;
+  gpumem__tls_tc = c;
   return c;
 }
 
@@ -167,54 +157,48 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   gpumem__tc_acct *acct = NULL;
-  tc_lock(c);
+  gpumem__tc_lock(c);
   if (c->ctx == ctx && c->pool == p && c->stream == stream) {
     c->misses = 0;
     acct = &c->acct;
-    if (size <= TC_MAX_SIZE) {
+    if (size <= GPUMEM__TC_MAX_SIZE) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
-      tc_bin *bn = bin_of(c, rsize);
+      gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
       if (bn->n > 0 && bn->size == rsize) {
-        gpumem__block *b = bn->b[--bn->n];
-        b->requested = size;
-        b->tag = tag;
-        /* live again: a free or gpumem_ptr_info that sees the cleared mark sees the fields above */
-        atomic_store_explicit(&b->tc_cached, 0, memory_order_release);
-        c->acct.cached -= b->size;
-        c->d_req += (int64_t)size;
-        c->d_allocs++;
-        if (GPUMEM__LIKELY(b->size <= c->acct.headroom)) {
+        /* (the inlined hit in gpumem_alloc took every case but this headroom one) */
+        gpumem__block *b = gpumem__tc_pop(c, bn, size, tag);
+        if (b->size <= c->acct.headroom) {
           c->acct.headroom -= b->size;
         } else {
           gpumem__mutex_lock(gpumem__pool_mutex(p));
           gpumem__pool_tc_peak(p, &c->acct);
           gpumem__mutex_unlock(gpumem__pool_mutex(p));
         }
-        tc_unlock(c);
+        gpumem__tc_unlock(c);
         *out = (void *)b->addr;
         return GPUMEM_OK;
       }
     }
   }
-  tc_unlock(c);
+  gpumem__tc_unlock(c);
   /* acct is read by the pool under its lock: only this thread, or a flush under the pool lock, changes it */
   gpumem_status st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
   if (acct != NULL && acct->grow_blocked) {
     /* the pool would grow while this cache holds blocks: give them back first (plain segments: cached
      * blocks pin pieces of segments; flushed, they coalesce and may serve this request) */
     acct->grow_blocked = 0;
-    tc_lock(c);
+    gpumem__tc_lock(c);
     if (c->ctx == ctx && c->pool == p) flush_locked(c, c->stream == stream);
-    tc_unlock(c);
+    gpumem__tc_unlock(c);
     st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
   if (st == GPUMEM_ERR_OUT_OF_MEMORY || st == GPUMEM_ERR_LIMIT_EXCEEDED) {
     if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
   }
   if (acct == NULL) {
-    tc_lock(c);
+    gpumem__tc_lock(c);
     tc_miss(c, ctx, p, stream);
-    tc_unlock(c);
+    gpumem__tc_unlock(c);
   }
   return st;
 }
@@ -222,46 +206,23 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
 gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
-  tc_lock(c);
+  /* the inlined path (gpumem__tc_fast_free) keeps every block this cache can hold: here the block
+   * leaves the index and goes to its pool */
+  gpumem__tc_lock(c);
   gpumem__pool *p = NULL;
-  int kept = 0;
-  int mine = c->ctx == ctx && c->stream == stream;
-  size_t room = mine && c->acct.cached < TC_MAX_BYTES ? TC_MAX_BYTES - c->acct.cached : 0;
-  gpumem__block *b = gpumem__ptrmap_claim(&ctx->map, (uintptr_t)ptr, mine ? c->pool : NULL,
-                                          room < TC_MAX_SIZE ? room : TC_MAX_SIZE, &p, &kept);
+  gpumem__block *b = gpumem__ptrmap_take(&ctx->map, (uintptr_t)ptr, &p);
   if (GPUMEM__UNLIKELY(b == NULL)) {
-    tc_unlock(c);
+    gpumem__tc_unlock(c);
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN,
                 "gpumem_free(%p): not a live allocation of this context (never allocated, already freed, or interior)",
                 ptr);
     return GPUMEM_ERR_INVALID_POINTER;
   }
   /* this thread owns b now; a reset takes every cache lock first, so it cannot drop b under us */
-  if (GPUMEM__LIKELY(kept)) {
-    c->misses = 0;
-    tc_bin *bn = bin_of(c, b->size);
-    if (bn->n == 0) bn->size = b->size;
-    if (GPUMEM__LIKELY(bn->size == b->size && bn->n < TC_BIN_CAP)) {
-      bn->b[bn->n++] = b;
-      c->acct.cached += b->size;
-      c->acct.headroom += b->size;
-      c->d_req -= (int64_t)b->requested;
-      c->d_frees++;
-      tc_unlock(c);
-      return GPUMEM_OK;
-    }
-    /* no room in its bin: out of the index after all (cached, so no one else touches the entry) */
-    (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p, 1);
-    atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
-    gpumem__pool_free_block(p, b, stream);
-  } else if (c->ctx == ctx && c->pool == p && c->stream == stream) {
-    c->misses = 0;
-    gpumem__pool_free_block(p, b, stream);
-  } else {
-    gpumem__pool_free_block(p, b, stream);
-    tc_miss(c, ctx, p, stream);
-  }
-  tc_unlock(c);
+  gpumem__pool_free_block(p, b, stream);
+  if (c->ctx == ctx && c->pool == p && c->stream == stream) c->misses = 0;
+  else tc_miss(c, ctx, p, stream);
+  gpumem__tc_unlock(c);
   return GPUMEM_OK;
 }
 
@@ -269,9 +230,9 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
   size_t n = 0;
   pthread_mutex_lock(&g_reg);
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
-    tc_lock(c);
+    gpumem__tc_lock(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
-      for (int i = 0; i < TC_BINS; i++) n += c->bins[i].n;
+      for (int i = 0; i < GPUMEM__TC_BINS; i++) n += c->bins[i].n;
       flush_locked(c, 0);
       if (detach) {
         c->ctx = NULL;
@@ -280,7 +241,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
         c->acct.headroom = 0;
       }
     }
-    tc_unlock(c);
+    gpumem__tc_unlock(c);
   }
   pthread_mutex_unlock(&g_reg);
   return n;
@@ -288,11 +249,11 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
 
 void gpumem__tc_lock_all(void) {
   pthread_mutex_lock(&g_reg);
-  for (gpumem__tc *c = g_list; c != NULL; c = c->next) tc_lock(c);
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) gpumem__tc_lock(c);
 }
 
 void gpumem__tc_unlock_all(void) {
-  for (gpumem__tc *c = g_list; c != NULL; c = c->next) tc_unlock(c);
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) gpumem__tc_unlock(c);
   pthread_mutex_unlock(&g_reg);
 }
 

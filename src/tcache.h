@@ -59,6 +59,21 @@ static inline gpumem__tc_bin *gpumem__tc_bin_of(gpumem__tc *c, size_t bsize) {
   return &c->bins[(uint32_t)((bsize >> 8) * 0x9E3779B1u) >> 27];
 }
 
+/* Take a block of bin bn for a request of size (tag): live again. Cache lock held, bn->n > 0.
+ * The caller accounts the headroom. */
+static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, size_t size, const char *tag) {
+  gpumem__block *b = bn->b[--bn->n];
+  b->requested = size;
+  b->tag = tag;
+  /* live again: a free or gpumem_ptr_info that sees the cleared mark sees the fields above */
+  atomic_store_explicit(&b->tc_cached, 0, memory_order_release);
+  c->misses = 0;
+  c->acct.cached -= b->size;
+  c->d_req += (int64_t)size;
+  c->d_allocs++;
+  return b;
+}
+
 /* 1 and *out set: served from this thread's cache. 0: nothing changed, take the full path. */
 static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream,
                                         const char *tag, void **out) {
@@ -69,16 +84,8 @@ static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t siz
   gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
   if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream && bn->n > 0 && bn->size == rsize &&
                      rsize <= c->acct.headroom)) {
-    gpumem__block *b = bn->b[--bn->n];
-    b->requested = size;
-    b->tag = tag;
-    /* live again: a free or gpumem_ptr_info that sees the cleared mark sees the fields above */
-    atomic_store_explicit(&b->tc_cached, 0, memory_order_release);
-    c->misses = 0;
-    c->acct.cached -= rsize;
+    gpumem__block *b = gpumem__tc_pop(c, bn, size, tag);
     c->acct.headroom -= rsize;
-    c->d_req += (int64_t)size;
-    c->d_allocs++;
     gpumem__tc_unlock(c);
     *out = (void *)b->addr;
     return 1;
