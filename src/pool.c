@@ -675,9 +675,9 @@ static void stream_touch(gpumem__pool *p, gpumem__srec *r) {
   if (harvest(p, r, 1) != NULL) r->fed = p->hungry;
 }
 
-/* 1 when some free block is not READY yet (unbatched, in a pending batch, or under a mark). */
+/* 1 when some free block is not READY yet (in a pending batch, or unbatched in its stream's index). */
 static int pool_pending(const gpumem__pool *p) {
-  if (p->npending > 0 || p->nmarks > 0) return 1;
+  if (p->npending > 0) return 1;
   for (size_t i = 0; i < p->scap; i++)
     if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) return 1;
   return 0;
@@ -687,10 +687,7 @@ static int pool_pending(const gpumem__pool *p) {
  * synchronisation (no stream handle of an earlier call is used). If the
  * device cannot be synchronised, wait on the events already recorded. */
 static void sync_all(gpumem__pool *p) {
-  int unbatched = 0;
-  for (size_t i = 0; i < p->scap && !unbatched; i++)
-    if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) unbatched = 1;
-  if (!unbatched && p->npending == 0) return;
+  if (!pool_pending(p)) return;
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
     for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
       if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
