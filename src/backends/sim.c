@@ -65,7 +65,7 @@
 
 /* valgrind client requests (annotate_alloc/annotate_free): memcheck then sees
  * every block the pool hands out as one heap block. They cost a few
- * instructions, and the core skips them entirely when not under valgrind. */
+ * instructions, and the core skips them entirely when not under memcheck. */
 #if defined(__has_include) && !defined(GPUMEM_NO_VALGRIND)
 #  if __has_include(<valgrind/valgrind.h>)
 #    include <valgrind/valgrind.h>
@@ -541,11 +541,23 @@ static void sim_annotate_free(gpumem_backend *be, int device, void *ptr, size_t 
 }
 #endif
 
+#ifdef SIM_HAVE_VALGRIND
+/* True under valgrind's memcheck, the one tool that reads the annotations.
+ * Other tools (callgrind counting instructions, helgrind, drd) would only pay
+ * for the monitoring hooks they turn on. memcheck preloads its own
+ * vgpreload_memcheck-<platform>.so, which names the tool. */
+static int sim__under_memcheck(void) {
+  if (!RUNNING_ON_VALGRIND) return 0;
+  const char *pre = getenv("LD_PRELOAD");
+  return pre != NULL && strstr(pre, "vgpreload_memcheck") != NULL;
+}
+#endif
+
 static int sim_init(gpumem_backend *be) {
   (void)pthread_once(&g_atfork_once, sim__atfork_register);
 #ifdef SIM_HAVE_VALGRIND
   /* be is the core's copy: without valgrind the core skips the annotations */
-  if (be != NULL && !RUNNING_ON_VALGRIND) {
+  if (be != NULL && !sim__under_memcheck()) {
     be->annotate_alloc = NULL;
     be->annotate_free = NULL;
   }
