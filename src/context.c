@@ -210,9 +210,9 @@ const char *gpumem_backend_name(const gpumem_context *ctx) { return ctx != NULL 
 /* ---------------------------------------------------------------------- */
 /* Allocation                                                              */
 
-/* The one allocation path: the thread cache inline, then the full path. */
-static inline gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
-                                       const char *tag, void **out_ptr) {
+/* Every check of gpumem_alloc, then the full path. */
+static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                   const char *tag, void **out_ptr) {
   if (GPUMEM__UNLIKELY(ctx == NULL || out_ptr == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__UNLIKELY(!valid_device(ctx, device))) return GPUMEM_ERR_INVALID_DEVICE;
@@ -220,10 +220,16 @@ static inline gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t s
     *out_ptr = NULL;
     return GPUMEM_OK;
   }
-  if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx)) {
-    if (GPUMEM__LIKELY(gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr))) return GPUMEM_OK;
-  }
   return gpumem__alloc_slow(ctx, device, size, stream, tag, out_ptr);
+}
+
+/* The one allocation path: the thread cache's hit inline (it matches only arguments it was keyed
+ * to, which passed these checks then: tcache.h), then every check and the full path. */
+static inline gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                       const char *tag, void **out_ptr) {
+  if (GPUMEM__LIKELY(out_ptr != NULL) && GPUMEM__LIKELY(gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr)))
+    return GPUMEM_OK;
+  return alloc_checked(ctx, device, size, stream, tag, out_ptr);
 }
 
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
@@ -247,16 +253,20 @@ gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_
   return alloc_impl(ctx, device, size, stream, NULL, out_ptr);
 }
 
-gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+/* Every check of gpumem_free, then the full path. */
+static gpumem_status free_checked(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__UNLIKELY(ptr == NULL)) return GPUMEM_OK;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
-  if (GPUMEM__LIKELY(ctx->tc_on)) {
-    if (GPUMEM__LIKELY(gpumem__tc_fast_free(ctx, ptr, stream))) return GPUMEM_OK;
-    return gpumem__tc_free(ctx, ptr, stream);
-  }
+  if (GPUMEM__LIKELY(ctx->tc_on)) return gpumem__tc_free(ctx, ptr, stream);
   return gpumem__free_unmonitored(ctx, ptr, stream);
+}
+
+gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+  /* a block this thread's cache handed out, claimed without the index (tcache.h) */
+  if (GPUMEM__LIKELY(ptr != NULL) && GPUMEM__LIKELY(gpumem__tc_fast_free(ctx, ptr, stream))) return GPUMEM_OK;
+  return free_checked(ctx, ptr, stream);
 }
 
 gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_stream stream) {

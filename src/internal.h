@@ -169,8 +169,22 @@ struct gpumem__block {
   size_t requested;            /* live: bytes asked for */
   const char *tag;             /* live: tag for leak reports */
   uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
-  atomic_uchar tc_cached;      /* 1 while in a thread cache: still in the pointer index, but not live (tcache.c) */
+  /* Ownership state. Odd: in a thread cache (still in the pointer index, but
+   * not live). Even: live while in the index, else free in the pool. Every
+   * change adds 1 or 2 and the value survives the block struct's reuse, so a
+   * value seen once never comes back: a thread cache that remembers the value
+   * a block had when it handed it out can claim the block later with one
+   * compare-and-swap, without the index (tcache.h). */
+  _Atomic uint64_t state;
 };
+
+_Static_assert(offsetof(gpumem__block, state) + sizeof(_Atomic uint64_t) == sizeof(gpumem__block),
+               "state is the last field: block_new (pool.c) clears the others");
+
+/** The block is in a thread cache (not live). */
+static inline int gpumem__block_cached(const gpumem__block *b) {
+  return (atomic_load_explicit(&b->state, memory_order_acquire) & 1u) != 0;
+}
 
 /**
  * Accounting of one thread cache towards its pool (tcache.c). Blocks in a
@@ -186,6 +200,8 @@ typedef struct gpumem__tc_acct {
   uint64_t cached;
   uint64_t headroom;
   int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while cached > 0 (it returned GPUMEM_ERR_BUSY) */
+  gpumem__block *last;  /* set by gpumem__pool_alloc on success: the block handed out ... */
+  uint64_t last_state;  /* ... and its state then (the cache remembers them, tcache.h) */
 } gpumem__tc_acct;
 
 /** Create the pool of one device (and its initial segment if configured). */

@@ -271,6 +271,7 @@ static int block_reserve(gpumem__pool *p, int n) {
   s->next = p->slabs;
   p->slabs = s;
   for (int i = SLAB_N - 1; i >= 0; i--) {
+    atomic_init(&s->blocks[i].state, 0);
     s->blocks[i].next = p->bfree;
     p->bfree = &s->blocks[i];
   }
@@ -281,7 +282,9 @@ static int block_reserve(gpumem__pool *p, int n) {
 static gpumem__block *block_new(gpumem__pool *p) {
   gpumem__block *b = p->bfree;
   p->bfree = b->next;
-  memset(b, 0, sizeof *b);
+  /* every field but the state, which goes on counting (see gpumem__block): a
+   * thread cache may still remember an old value and try it at any time */
+  memset(b, 0, offsetof(gpumem__block, state));
   return b;
 }
 
@@ -1318,6 +1321,8 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       b->tag = tag;
       p->st.allocated_bytes += b->size;
       if (acct != NULL) {
+        acct->last = b;
+        acct->last_state = atomic_load_explicit(&b->state, memory_order_relaxed);
         gpumem__pool_tc_peak(p, acct); /* the caller's cached blocks are not allocated */
       } else if (p->st.allocated_bytes > p->st.allocated_peak) {
         p->st.allocated_peak = p->st.allocated_bytes;

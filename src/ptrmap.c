@@ -4,13 +4,14 @@
  * anything. 64 shards, each an open-addressing table (linear probing,
  * backward-shift deletion) under its own spinlock.
  *
- * Blocks in a thread cache keep their entry with block->tc_cached = 1: to
+ * Blocks in a thread cache keep their entry with an odd block->state: to
  * every look-up they are absent (a free of one is a double free), and
  * handing one out again is a single store by its cache's owner, no index
- * operation. The flag goes 0 -> 1 only under the shard lock (one claimant
- * wins), 1 -> 0 only by the cache owner under its cache lock, and a cached
- * entry is removed only by its cache's flush (under the cache lock). A cache
- * hit in gpumem_free (tcache.h) sets the mark under the shard lock. */
+ * operation. A free claims a live (even) block with a compare-and-swap on
+ * its state: here under the shard lock (even -> even + 2, then the entry
+ * goes), or in a thread cache without the index (even -> odd, tcache.h);
+ * of two claimants exactly one wins. Odd -> even only by the cache owner
+ * under its cache lock (a hit), or when a flush removes the entry. */
 #include "internal.h"
 
 #include <sched.h>
@@ -101,8 +102,15 @@ static size_t find(gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
   return e == NULL ? SIZE_MAX : (size_t)(e - s->slots);
 }
 
-static inline int is_cached(const gpumem__block *b) {
-  return atomic_load_explicit(&b->tc_cached, memory_order_acquire) != 0;
+static inline int is_cached(const gpumem__block *b) { return gpumem__block_cached(b); }
+
+/* Claim a live block for a free: even -> even + 2, so that a thread cache
+ * remembering the value cannot claim it too. 0 when it is cached, or a
+ * thread cache claimed it first. Shard lock held. */
+static inline int claim_live(gpumem__block *b) {
+  uint64_t s = atomic_load_explicit(&b->state, memory_order_acquire);
+  return (s & 1u) == 0 &&
+         atomic_compare_exchange_strong_explicit(&b->state, &s, s + 2, memory_order_acq_rel, memory_order_acquire);
 }
 
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
@@ -123,11 +131,17 @@ gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__p
   gpumem__ptrmap_shard *s = shard_of(m, h);
   gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
-  if (i == SIZE_MAX || s->slots[i].pool != pool || (!any && is_cached(s->slots[i].block))) {
+  if (i == SIZE_MAX || s->slots[i].pool != pool || (!any && !claim_live(s->slots[i].block))) {
     gpumem__ptrmap_unlock(s);
     return NULL;
   }
   gpumem__block *b = remove_at(s, i);
+  if (any) {
+    /* a cached block (flush) or any block of a reset: on to the next even value; no thread
+     * cache claims meanwhile (the caller holds its cache lock, or every cache lock) */
+    uint64_t st = atomic_load_explicit(&b->state, memory_order_relaxed);
+    atomic_store_explicit(&b->state, (st | 1u) + 1u, memory_order_release);
+  }
   gpumem__ptrmap_unlock(s);
   return b;
 }
@@ -137,7 +151,7 @@ gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__poo
   gpumem__ptrmap_shard *s = shard_of(m, h);
   gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
-  if (i == SIZE_MAX || is_cached(s->slots[i].block)) {
+  if (i == SIZE_MAX || !claim_live(s->slots[i].block)) {
     gpumem__ptrmap_unlock(s);
     return NULL;
   }

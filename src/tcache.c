@@ -48,6 +48,8 @@ void gpumem__tc_lock_slow(gpumem__tc *c) {
 
 /* Give every cached block back to c->pool and fold the counters. Cache lock held. */
 static void flush_locked(gpumem__tc *c, int named) {
+  c->flushes++;
+  memset(c->own, 0, sizeof c->own); /* the blocks it remembers may be reset or of another pool next */
   if (c->pool == NULL) return;
   if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
   gpumem__block *all[GPUMEM__TC_BINS * GPUMEM__TC_BIN_CAP];
@@ -56,9 +58,8 @@ static void flush_locked(gpumem__tc *c, int named) {
     gpumem__tc_bin *bn = &c->bins[i];
     while (bn->n > 0) {
       gpumem__block *b = bn->b[--bn->n];
-      /* cached: no one else removes or claims the entry, so it is there */
+      /* cached: no one else removes or claims the entry, so it is there; the removal makes the state even */
       (void)gpumem__ptrmap_remove(&c->ctx->map, b->addr, c->pool, 1);
-      atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
       all[n++] = b;
     }
   }
@@ -67,8 +68,20 @@ static void flush_locked(gpumem__tc *c, int named) {
                           &c->d_frees);
 }
 
+static void tc_detach(gpumem__tc *c) {
+  c->ctx = NULL;
+  c->pool = NULL;
+  c->acct.cached = 0;
+  c->acct.headroom = 0;
+}
+
 static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
   if (c->ctx != NULL) flush_locked(c, 0);
+  if (GPUMEM__MON_ON(ctx)) {
+    /* monitoring: the inlined hits must miss (trace.c detaches every cache when it turns it on) */
+    tc_detach(c);
+    return;
+  }
   c->ctx = ctx;
   c->pool = p;
   c->dev = gpumem__pool_device(p);
@@ -157,10 +170,13 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   gpumem__tc_acct *acct = NULL;
+  unsigned flushes = 0;
   gpumem__tc_lock(c);
   if (c->ctx == ctx && c->pool == p && c->stream == stream) {
     c->misses = 0;
     acct = &c->acct;
+    acct->last = NULL;
+    flushes = c->flushes;
     if (size <= GPUMEM__TC_MAX_SIZE) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
       gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
@@ -199,16 +215,54 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     gpumem__tc_lock(c);
     tc_miss(c, ctx, p, stream);
     gpumem__tc_unlock(c);
+  } else if (st == GPUMEM_OK && acct->last != NULL && size <= GPUMEM__TC_MAX_SIZE) {
+    /* remember the block, so that this thread's free of it claims it without the index; not when a
+     * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
+    gpumem__tc_lock(c);
+    gpumem__block *b = acct->last;
+    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream && b->addr == (uintptr_t)*out)
+      gpumem__tc_remember(c, b, acct->last_state, b->size);
+    acct->last = NULL;
+    gpumem__tc_unlock(c);
   }
   return st;
+}
+
+/* The pointer index's part of a free into this cache: claim the live block under its shard lock
+ * (even -> odd) and keep it. 1: kept. 0: nothing changed. Cache lock held, c keyed to (ctx, stream). */
+static int tc_index_free(gpumem__tc *c, gpumem_context *ctx, uintptr_t key) {
+  uint64_t h = gpumem__ptrmap_hash(key);
+  gpumem__ptrmap_shard *s = &ctx->map.shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
+  gpumem__ptrmap_lock(s);
+  gpumem__ptrmap_entry *e = gpumem__ptrmap_find(s, key, h);
+  if (e == NULL || e->pool != c->pool) {
+    gpumem__ptrmap_unlock(s);
+    return 0;
+  }
+  gpumem__block *b = e->block;
+  size_t bsize = b->size;
+  gpumem__tc_bin *bn = gpumem__tc_bin_of(c, bsize);
+  uint64_t state = atomic_load_explicit(&b->state, memory_order_acquire);
+  if (bsize > GPUMEM__TC_MAX_SIZE || !gpumem__tc_fits(c, bn, bsize) || (state & 1u) != 0 ||
+      !atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
+                                               memory_order_relaxed)) {
+    gpumem__ptrmap_unlock(s);
+    return 0;
+  }
+  gpumem__ptrmap_unlock(s);
+  gpumem__tc_push(c, bn, b, bsize);
+  return 1;
 }
 
 gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
-  /* the inlined path (gpumem__tc_fast_free) keeps every block this cache can hold: here the block
-   * leaves the index and goes to its pool */
   gpumem__tc_lock(c);
+  if (c->ctx == ctx && c->stream == stream && tc_index_free(c, ctx, (uintptr_t)ptr)) {
+    gpumem__tc_unlock(c);
+    return GPUMEM_OK;
+  }
+  /* the block leaves the index and goes to its pool */
   gpumem__pool *p = NULL;
   gpumem__block *b = gpumem__ptrmap_take(&ctx->map, (uintptr_t)ptr, &p);
   if (GPUMEM__UNLIKELY(b == NULL)) {
@@ -234,12 +288,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
       for (int i = 0; i < GPUMEM__TC_BINS; i++) n += c->bins[i].n;
       flush_locked(c, 0);
-      if (detach) {
-        c->ctx = NULL;
-        c->pool = NULL;
-        c->acct.cached = 0;
-        c->acct.headroom = 0;
-      }
+      if (detach) tc_detach(c);
     }
     gpumem__tc_unlock(c);
   }

@@ -17,6 +17,7 @@
 #define GPUMEM__TC_BINS 32                      /* direct-mapped by block size */
 #define GPUMEM__TC_BIN_CAP 8                    /* blocks per bin */
 #define GPUMEM__TC_MAX_BYTES ((uint64_t)4 << 20) /* bytes per cache */
+#define GPUMEM__TC_OWN 32                       /* blocks this cache handed out that it remembers */
 
 typedef struct gpumem__tc_bin {
   size_t size; /* block size held (valid while n > 0) */
@@ -24,18 +25,33 @@ typedef struct gpumem__tc_bin {
   gpumem__block *b[GPUMEM__TC_BIN_CAP];
 } gpumem__tc_bin;
 
+/* A block this cache handed out, with the state it had then (gpumem__block):
+ * while the state is unchanged the block is that same live allocation, so a
+ * free by this thread claims it with one compare-and-swap, without the index.
+ * key 0 = empty. Entries refer to blocks of c->pool only: every flush and
+ * rekey clears them (a pool reset frees block structs only after flushing
+ * every cache under its lock). */
+typedef struct gpumem__tc_own {
+  uintptr_t key;
+  gpumem__block *b;
+  uint64_t state;
+  size_t bsize;
+} gpumem__tc_own;
+
 typedef struct gpumem__tc {
   atomic_int busy;             /* the spinlock */
   int dev;                     /* key: device of pool */
-  gpumem_context *ctx;         /* key; NULL = detached */
+  gpumem_context *ctx;         /* key; NULL = detached (then every bin and own entry is empty) */
   gpumem_stream stream;        /* key */
   gpumem__pool *pool;
   gpumem__tc_acct acct;        /* cached bytes, headroom (see internal.h); cached == 0 iff no block cached */
   int64_t d_req;               /* counters not yet in the pool's statistics (live = allocs - frees) */
   uint64_t d_allocs, d_frees;
   unsigned misses;
+  unsigned flushes;            /* flush_locked calls (tcache.c: a block from the pool is remembered only if none came between) */
   struct gpumem__tc *prev, *next; /* g_reg list */
   gpumem__tc_bin bins[GPUMEM__TC_BINS];
+  gpumem__tc_own own[GPUMEM__TC_OWN];
 } gpumem__tc;
 
 /* This thread's cache (NULL until its first call, or after its destructor ran).
@@ -54,35 +70,78 @@ static inline void gpumem__tc_lock(gpumem__tc *c) {
   gpumem__tc_lock_slow(c);
 }
 static inline void gpumem__tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->busy, 0, memory_order_release); }
+/* The inlined hits only try the lock: held by another thread (a flush), they leave it to the full
+ * path, and with no call left in them they need no saved registers. */
+static inline int gpumem__tc_trylock(gpumem__tc *c) {
+  return atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0;
+}
 
 static inline gpumem__tc_bin *gpumem__tc_bin_of(gpumem__tc *c, size_t bsize) {
   return &c->bins[(uint32_t)((bsize >> 8) * 0x9E3779B1u) >> 27];
+}
+
+/* Where key is remembered (a multiplicative hash: block addresses share their low bits). */
+static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
+  return &c->own[(uint32_t)((uint32_t)(key >> 8) * 0x9E3779B1u) >> 27];
+}
+
+/* Remember a block this cache hands out, live with state `state`. Cache lock held. */
+static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize) {
+  gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
+  o->key = b->addr;
+  o->b = b;
+  o->state = state;
+  o->bsize = bsize;
 }
 
 /* Take a block of bin bn for a request of size (tag): live again. Cache lock held, bn->n > 0.
  * The caller accounts the headroom. */
 static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, size_t size, const char *tag) {
   gpumem__block *b = bn->b[--bn->n];
+  size_t bsize = bn->size;
   b->requested = size;
   b->tag = tag;
-  /* live again: a free or gpumem_ptr_info that sees the cleared mark sees the fields above */
-  atomic_store_explicit(&b->tc_cached, 0, memory_order_release);
-  c->misses = 0;
-  c->acct.cached -= b->size;
+  /* live again (odd -> even): a free or gpumem_ptr_info that sees the new state sees the fields above.
+   * Only this cache's owner changes the state of a cached block. */
+  uint64_t state = atomic_load_explicit(&b->state, memory_order_relaxed) + 1u;
+  atomic_store_explicit(&b->state, state, memory_order_release);
+  gpumem__tc_remember(c, b, state, bsize);
+  c->acct.cached -= bsize;
   c->d_req += (int64_t)size;
   c->d_allocs++;
   return b;
 }
 
-/* 1 and *out set: served from this thread's cache. 0: nothing changed, take the full path. */
+/* Keep the block b (just claimed: odd state) in bin bn. Cache lock held. */
+static inline void gpumem__tc_push(gpumem__tc *c, gpumem__tc_bin *bn, gpumem__block *b, size_t bsize) {
+  bn->size = bsize;
+  bn->b[bn->n++] = b;
+  c->misses = 0;
+  c->acct.cached += bsize;
+  c->acct.headroom += bsize;
+  c->d_req -= (int64_t)b->requested;
+  c->d_frees++;
+}
+
+/* 1 if a block of bsize may go into bin bn. Cache lock held. */
+static inline int gpumem__tc_fits(const gpumem__tc *c, const gpumem__tc_bin *bn, size_t bsize) {
+  return bn->n < GPUMEM__TC_BIN_CAP && (bn->n == 0 || bn->size == bsize) &&
+         c->acct.cached + bsize <= GPUMEM__TC_MAX_BYTES;
+}
+
+/* 1 and *out set: served from this thread's cache. 0: nothing changed, take the full path.
+ * Runs before any argument check: a cache serves only the (ctx, dev, stream) it is keyed to,
+ * which were valid when it was keyed. A NULL ctx matches only a detached cache, whose bins are
+ * empty; a size of 0 finds no bin of its size; a forked child and
+ * monitoring (ctx->mon) detach the caches (tcache.c, trace.c). */
 static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream,
                                         const char *tag, void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(c == NULL) || GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
   size_t rsize = (size + 255) & ~(size_t)255;
-  gpumem__tc_lock(c);
+  if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
-  if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream && bn->n > 0 && bn->size == rsize &&
+  if (GPUMEM__LIKELY(bn->size == rsize && bn->n > 0 && c->ctx == ctx && c->dev == dev && c->stream == stream &&
                      rsize <= c->acct.headroom)) {
     gpumem__block *b = gpumem__tc_pop(c, bn, size, tag);
     c->acct.headroom -= rsize;
@@ -94,40 +153,29 @@ static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t siz
   return 0;
 }
 
-/* 1: freed into this thread's cache. 0: nothing changed, take the full path. */
+/* 1: a block this cache handed out, freed into it. 0: nothing changed, take the full path.
+ * Runs before any argument check (ptr != NULL): only a pointer this cache remembers can match,
+ * and only on the (ctx, stream) the cache is keyed to. */
 static inline int gpumem__tc_fast_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(c == NULL)) return 0;
   uintptr_t key = (uintptr_t)ptr;
-  uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = &ctx->map.shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
-  gpumem__tc_lock(c);
-  if (GPUMEM__UNLIKELY(c->ctx != ctx || c->stream != stream)) goto miss;
-  gpumem__ptrmap_lock(s);
-  gpumem__ptrmap_entry *e = gpumem__ptrmap_find(s, key, h);
-  if (GPUMEM__UNLIKELY(e == NULL)) goto miss_shard;
-  gpumem__block *b = e->block;
-  size_t bsize = b->size;
-  gpumem__tc_bin *bn = gpumem__tc_bin_of(c, bsize);
-  if (GPUMEM__UNLIKELY(e->pool != c->pool || bsize > GPUMEM__TC_MAX_SIZE ||
-                       c->acct.cached + bsize > GPUMEM__TC_MAX_BYTES || bn->n >= GPUMEM__TC_BIN_CAP ||
-                       (bn->n > 0 && bn->size != bsize) ||
-                       atomic_load_explicit(&b->tc_cached, memory_order_acquire) != 0))
-    goto miss_shard;
-  atomic_store_explicit(&b->tc_cached, 1, memory_order_relaxed); /* the ownership step; the shard lock orders it */
-  gpumem__ptrmap_unlock(s);
-  bn->size = bsize;
-  bn->b[bn->n++] = b;
-  c->misses = 0;
-  c->acct.cached += bsize;
-  c->acct.headroom += bsize;
-  c->d_req -= (int64_t)b->requested;
-  c->d_frees++;
-  gpumem__tc_unlock(c);
-  return 1;
-miss_shard:
-  gpumem__ptrmap_unlock(s);
-miss:
+  gpumem__tc_own *o = gpumem__tc_own_of(c, key);
+  if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
+  if (GPUMEM__LIKELY(o->key == key && c->ctx == ctx && c->stream == stream)) {
+    size_t bsize = o->bsize;
+    gpumem__tc_bin *bn = gpumem__tc_bin_of(c, bsize);
+    uint64_t state = o->state;
+    gpumem__block *b = o->b;
+    o->key = 0; /* claimed now, or no longer that allocation */
+    if (GPUMEM__LIKELY(gpumem__tc_fits(c, bn, bsize)) &&
+        GPUMEM__LIKELY(atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
+                                                               memory_order_relaxed))) {
+      gpumem__tc_push(c, bn, b, bsize);
+      gpumem__tc_unlock(c);
+      return 1;
+    }
+  }
   gpumem__tc_unlock(c);
   return 0;
 }

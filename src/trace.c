@@ -281,6 +281,9 @@ gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *path) {
   gpumem__mutex_lock(&ctx->trace_lock);
   gpumem_status st = trace_open_locked(ctx, path, "gpumem_trace_start");
   gpumem__mutex_unlock(&ctx->trace_lock);
+  /* the thread caches' inlined hits skip the hooks: detach every cache (a cache attaches again
+   * only while ctx->mon is 0, tcache.c) */
+  if (st == GPUMEM_OK && ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
   return st;
 }
 
