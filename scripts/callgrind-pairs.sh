@@ -3,13 +3,17 @@
 # counted by callgrind: runs tools/bench-pairs for N and 2N pairs and prints
 # (Ir(2N) - Ir(N)) / N, so start-up, the first pool growth and teardown cancel out.
 #
-#   scripts/callgrind-pairs.sh [N] [SIZE]      (N default 20000, SIZE default 65536)
+#   scripts/callgrind-pairs.sh [N] [SIZE]      (N default 200000, SIZE default 65536)
+#
+# N is large because start-up (the dynamic loader, the backends' libraries) varies
+# by a few hundred thousand instructions from run to run: with N = 20000 that moved
+# the figure by up to +-7; with 200000, by about +-1.
 #
 # Needs valgrind and a build with the tools: BUILD (default build-tools) is
 # configured and built here if bench-pairs is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-20000}
+N=${1:-200000}
 SIZE=${2:-65536}
 BUILD=${BUILD:-build-tools}
 command -v valgrind >/dev/null || { echo "callgrind-pairs: valgrind not found (Debian: apt-get install valgrind)" >&2; exit 1; }

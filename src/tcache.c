@@ -33,7 +33,8 @@ static gpumem__tc *g_list;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
 static int g_key_ok;
-_Thread_local gpumem__tc *gpumem__tls_tc;
+gpumem__tc gpumem__tc_none = {.ctx = (gpumem_context *)&gpumem__tc_none};
+_Thread_local gpumem__tc *gpumem__tls_tc = &gpumem__tc_none;
 static _Thread_local int tls_dead; /* the destructor ran: no new cache for this thread */
 
 void gpumem__tc_lock_slow(gpumem__tc *c) {
@@ -46,10 +47,14 @@ void gpumem__tc_lock_slow(gpumem__tc *c) {
   }
 }
 
+static void own_clear(gpumem__tc *c) {
+  for (int i = 0; i < GPUMEM__TC_OWN; i++) c->own[i].key = GPUMEM__TC_OWN_EMPTY;
+}
+
 /* Give every cached block back to c->pool and fold the counters. Cache lock held. */
 static void flush_locked(gpumem__tc *c, int named) {
   c->flushes++;
-  memset(c->own, 0, sizeof c->own); /* the blocks it remembers may be reset or of another pool next */
+  own_clear(c); /* the blocks it remembers may be reset or of another pool next */
   if (c->pool == NULL) return;
   if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
   gpumem__block *all[GPUMEM__TC_BINS * GPUMEM__TC_BIN_CAP];
@@ -102,7 +107,7 @@ static void tc_destructor(void *arg) {
   if (c->next != NULL) c->next->prev = c->prev;
   gpumem__tc_unlock(c);
   pthread_mutex_unlock(&g_reg);
-  gpumem__tls_tc = NULL;
+  gpumem__tls_tc = &gpumem__tc_none;
   tls_dead = 1;
   free(c);
 }
@@ -113,6 +118,7 @@ static void tc_destructor(void *arg) {
 static void fork_prepare(void) { gpumem__tc_lock_all(); }
 static void fork_parent(void) { gpumem__tc_unlock_all(); }
 static void fork_child(void) {
+  atomic_store_explicit(&gpumem__tc_none.busy, 0, memory_order_relaxed); /* a thread of the parent may have held it */
   gpumem__tc *c = g_list;
   g_list = NULL;
   while (c != NULL) {
@@ -120,6 +126,7 @@ static void fork_child(void) {
     if (c == gpumem__tls_tc) {
       memset(c, 0, sizeof *c);
       atomic_init(&c->busy, 0);
+      own_clear(c);
       g_list = c;
     } else {
       free(c);
@@ -140,13 +147,14 @@ static void key_init(void) {
 /* This thread's cache, created on first use; NULL when none can be had. */
 static gpumem__tc *tc_self(void) {
   gpumem__tc *c = gpumem__tls_tc;
-  if (GPUMEM__LIKELY(c != NULL)) return c;
+  if (GPUMEM__LIKELY(c != &gpumem__tc_none)) return c;
   if (tls_dead) return NULL;
   (void)pthread_once(&g_once, key_init);
   if (!g_key_ok) return NULL;
   c = calloc(1, sizeof *c);
   if (c == NULL) return NULL;
   atomic_init(&c->busy, 0);
+  own_clear(c);
   if (pthread_setspecific(g_key, c) != 0) {
     free(c);
     return NULL;
@@ -221,7 +229,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     gpumem__tc_lock(c);
     gpumem__block *b = acct->last;
     if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream && b->addr == (uintptr_t)*out)
-      gpumem__tc_remember(c, b, acct->last_state, b->size);
+      gpumem__tc_remember(c, b, acct->last_state, b->size, gpumem__tc_bin_of(c, b->size));
     acct->last = NULL;
     gpumem__tc_unlock(c);
   }

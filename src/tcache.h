@@ -32,11 +32,13 @@ typedef struct gpumem__tc_bin {
  * rekey clears them (a pool reset frees block structs only after flushing
  * every cache under its lock). */
 typedef struct gpumem__tc_own {
-  uintptr_t key;
+  uintptr_t key;               /* GPUMEM__TC_OWN_EMPTY = empty (never a block address: those are 256-aligned) */
   gpumem__block *b;
   uint64_t state;
   size_t bsize;
+  struct gpumem__tc_bin *bin;  /* the bin of bsize */
 } gpumem__tc_own;
+#define GPUMEM__TC_OWN_EMPTY ((uintptr_t)1) /* not 0: a free of NULL then finds no entry */
 
 typedef struct gpumem__tc {
   atomic_int busy;             /* the spinlock */
@@ -62,6 +64,10 @@ typedef struct gpumem__tc {
  * library is built with TLS descriptors (-mtls-dialect=gnu2, src/CMakeLists.txt),
  * which make this access cheap without that constraint. */
 extern _Thread_local gpumem__tc *gpumem__tls_tc;
+/* What gpumem__tls_tc points to before this thread's first call and after its cache is gone:
+ * keyed to no context (its ctx is its own address), so the inlined hits miss on it. Never
+ * locked but by those hits' try-lock, never changed. */
+extern gpumem__tc gpumem__tc_none;
 
 void gpumem__tc_lock_slow(gpumem__tc *c);
 
@@ -86,12 +92,14 @@ static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
 }
 
 /* Remember a block this cache hands out, live with state `state`. Cache lock held. */
-static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize) {
+static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize,
+                                       gpumem__tc_bin *bn) {
   gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
   o->key = b->addr;
   o->b = b;
   o->state = state;
   o->bsize = bsize;
+  o->bin = bn;
 }
 
 /* Take a block of bin bn for a request of size (tag): live again. Cache lock held, bn->n > 0.
@@ -105,7 +113,7 @@ static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, s
    * Only this cache's owner changes the state of a cached block. */
   uint64_t state = atomic_load_explicit(&b->state, memory_order_relaxed) + 1u;
   atomic_store_explicit(&b->state, state, memory_order_release);
-  gpumem__tc_remember(c, b, state, bsize);
+  gpumem__tc_remember(c, b, state, bsize, bn);
   c->acct.cached -= bsize;
   c->d_req += (int64_t)size;
   c->d_allocs++;
@@ -137,7 +145,7 @@ static inline int gpumem__tc_fits(const gpumem__tc *c, const gpumem__tc_bin *bn,
 static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream,
                                         const char *tag, void **out) {
   gpumem__tc *c = gpumem__tls_tc;
-  if (GPUMEM__UNLIKELY(c == NULL) || GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
+  if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
   size_t rsize = (size + 255) & ~(size_t)255;
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
@@ -154,20 +162,19 @@ static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t siz
 }
 
 /* 1: a block this cache handed out, freed into it. 0: nothing changed, take the full path.
- * Runs before any argument check (ptr != NULL): only a pointer this cache remembers can match,
+ * Runs before any argument check: only a pointer this cache remembers can match (never NULL),
  * and only on the (ctx, stream) the cache is keyed to. */
 static inline int gpumem__tc_fast_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = gpumem__tls_tc;
-  if (GPUMEM__UNLIKELY(c == NULL)) return 0;
   uintptr_t key = (uintptr_t)ptr;
   gpumem__tc_own *o = gpumem__tc_own_of(c, key);
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   if (GPUMEM__LIKELY(o->key == key && c->ctx == ctx && c->stream == stream)) {
     size_t bsize = o->bsize;
-    gpumem__tc_bin *bn = gpumem__tc_bin_of(c, bsize);
+    gpumem__tc_bin *bn = o->bin;
     uint64_t state = o->state;
     gpumem__block *b = o->b;
-    o->key = 0; /* claimed now, or no longer that allocation */
+    o->key = GPUMEM__TC_OWN_EMPTY; /* claimed now, or no longer that allocation */
     if (GPUMEM__LIKELY(gpumem__tc_fits(c, bn, bsize)) &&
         GPUMEM__LIKELY(atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
                                                                memory_order_relaxed))) {
