@@ -104,6 +104,7 @@ struct gpumem__segment {
   gpumem__segment *prev, *next;   /* all segments of the pool */
   gpumem__segment *eprev, *enext; /* wholly free READY segments */
   int empty;
+  int solo_era;                /* opened before the pool saw a second stream: may hold dirty READY blocks */
   gpumem__vmspace *vm;         /* SEG_VM: its granule map */
 };
 
@@ -159,7 +160,24 @@ struct gpumem__pool {
   size_t nmarks;               /* streams with a pending mark */
   gpumem_stats st;
   gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
+  /* Single-stream expandable pools ("solo", see free_locked): */
+  int solo;                    /* SOLO_*: no stream yet, one stream (solo_s), several (or a plain pool) */
+  gpumem_stream solo_s;
+  gpumem__srec *solo_r;        /* solo_s's record */
+  int dirty;                   /* READY may hold blocks freed on solo_s whose work is still pending */
+  int quarantine;              /* a second stream came while dirty: it takes READY blocks only from
+                                * segments opened since (solo_era 0) until dirty is cleared */
+  uint64_t dirty_seq;          /* frees made READY at once so far */
+  gpumem_event sev;            /* settle event: recorded on solo_s after free number sev_seq */
+  uint64_t sev_seq;
+  int has_sev;
+  /* what the current call allows the unmap guard (vm_guard) to do */
+  gpumem_stream g_stream;      /* the stream the call names ... */
+  int g_named;                 /* ... when set */
+  int g_wait;                  /* it may wait for the device */
 };
+
+enum { SOLO_NONE = 0, SOLO_ONE = 1, SOLO_MANY = 2 };
 
 /* ---------------------------------------------------------------------- */
 /* Small helpers                                                           */
@@ -678,12 +696,129 @@ static void stream_touch(gpumem__pool *p, gpumem__srec *r) {
   if (harvest(p, r, 1) != NULL) r->fed = p->hungry;
 }
 
-/* 1 when some free block is not READY yet (in a pending batch, or unbatched in its stream's index). */
+/* 1 when some free block is not READY yet (in a pending batch, or unbatched in its stream's index), or
+ * READY holds blocks whose stream work may be pending (a single-stream pool's "dirty" READY). */
 static int pool_pending(const gpumem__pool *p) {
-  if (p->npending > 0) return 1;
+  if (p->npending > 0 || p->dirty) return 1;
   for (size_t i = 0; i < p->scap; i++)
     if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) return 1;
   return 0;
+}
+
+/* Single-stream expandable pools ("solo"). While an expandable pool has
+ * seen one stream S only, a free on S puts the block straight into READY
+ * (coalescing with every free neighbour): S may reuse it at once, and there
+ * is no other stream to keep it from. No event is recorded or asked: in the
+ * steady state of a single-stream program the pool makes no backend call at
+ * all. READY is then "dirty": S's work on those blocks may still be queued,
+ * which matters in two places only:
+ *   - unmapping: vmseg.c calls vm_guard before it unmaps an idle chunk (to
+ *     move it, trim it or give it back); the guard settles (an event recorded
+ *     on S, during a call that names S, or a device synchronisation) or, when
+ *     the call may not wait, refuses: then new memory is created instead of
+ *     moving idle chunks (vmseg.c), or trimming stops until a later call.
+ *     Plain segments (initial_bytes) are given back only once settled.
+ *   - a second stream T: from then on frees go to their stream's index as in
+ *     every multi-stream pool, and while READY is dirty T takes READY blocks
+ *     only from segments opened since (quarantine); the next call on S
+ *     records the settle event, and once it completed (asked at T's calls)
+ *     or after any device synchronisation READY is clean again.
+ * Replays (gpumem-replay --sample-used, sim): the same or lower peaks than
+ * harvesting S's frees into batches with events, and with a device running
+ * behind the host (--sim-lag) lower, since freed blocks coalesce at once. */
+static void dirty_clear(gpumem__pool *p) {
+  p->dirty = 0;
+  p->quarantine = 0;
+  if (p->has_sev) {
+    ev_put(p, p->sev);
+    p->has_sev = 0;
+  }
+}
+
+/* Try to make dirty READY clean, as the current call allows (g_*): an event
+ * on solo_s (recorded now if the call names solo_s), waited for or asked;
+ * else, if the call may wait, a device synchronisation. GPUMEM_OK when clean,
+ * GPUMEM_ERR_BUSY when not now, or a backend error. */
+static gpumem_status settle(gpumem__pool *p) {
+  if (!p->dirty) return GPUMEM_OK;
+  int on_s = p->g_named && p->g_stream == p->solo_s && p->ctx->has_events;
+  if (on_s && (!p->has_sev || p->sev_seq < p->dirty_seq)) {
+    gpumem_event ev = p->sev;
+    if (p->has_sev || ev_get(p, &ev) == GPUMEM_OK) {
+      if (gpumem__be_event_record(p->ctx, p->device, ev, p->solo_s) == GPUMEM_OK) {
+        p->sev = ev;
+        p->has_sev = 1;
+        p->sev_seq = p->dirty_seq; /* it follows every free made READY so far */
+      } else {
+        if (p->has_sev) p->has_sev = 0; /* its state is unknown now */
+        (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+      }
+    }
+  }
+  if (p->has_sev && p->sev_seq >= p->dirty_seq) {
+    int done = 0;
+    if (p->g_wait ? gpumem__be_event_synchronize(p->ctx, p->device, p->sev) == GPUMEM_OK
+                  : gpumem__be_event_query(p->ctx, p->device, p->sev, &done) == GPUMEM_OK && done) {
+      dirty_clear(p);
+      return GPUMEM_OK;
+    }
+  }
+  if (p->g_wait) {
+    gpumem_status st = gpumem__be_device_synchronize(p->ctx, p->device);
+    if (st != GPUMEM_OK) return st;
+    dirty_clear(p);
+    return GPUMEM_OK;
+  }
+  return GPUMEM_ERR_BUSY;
+}
+
+/* The one stream's free blocks become READY now (coalescing), without an event. */
+static void solo_drain(gpumem__pool *p, gpumem__srec *r) {
+  drain_to_ready(p, r->idx);
+  p->dirty = 1;
+  p->dirty_seq++;
+}
+
+/* vmseg.c, before it unmaps an idle chunk (gpumem__vm_set_guard). */
+static gpumem_status vm_guard(void *arg) {
+  gpumem__pool *p = arg;
+  return p->dirty ? settle(p) : GPUMEM_OK;
+}
+
+/* What the current call allows the guard to do (see settle). */
+static inline void guard_ctx(gpumem__pool *p, gpumem_stream stream, int named, int may_wait) {
+  p->g_stream = stream;
+  p->g_named = named;
+  p->g_wait = may_wait;
+}
+
+/* An expandable pool's call names `stream` (solo mode, see above). */
+static void solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
+  if (p->solo == SOLO_NONE) {
+    gpumem__srec *r = srec_get(p, stream);
+    if (r == NULL) return; /* no host memory: stays undecided, frees take the usual path */
+    p->solo = SOLO_ONE;
+    p->solo_s = stream;
+    p->solo_r = r;
+    return;
+  }
+  if (p->solo == SOLO_ONE) {
+    p->solo = SOLO_MANY;
+    if (p->dirty) p->quarantine = 1;
+    LOG(p, GPUMEM_LOG_DEBUG, "device %d: a second stream: frees are stream-ordered from now on%s", p->device,
+        p->dirty ? " (READY quarantined until the first stream's work is known complete)" : "");
+  }
+}
+
+static inline void solo_note(gpumem__pool *p, gpumem_stream stream) {
+  if (p->solo == SOLO_MANY || (p->solo == SOLO_ONE && stream == p->solo_s)) return;
+  solo_note_slow(p, stream);
+}
+
+/* Quarantine: the first stream's next call records the settle event; every call asks it. */
+static void quarantine_step(gpumem__pool *p, gpumem_stream stream, int named) {
+  guard_ctx(p, stream, named, 0);
+  (void)settle(p);
 }
 
 /* Wait for every pending free of the device and make it READY: one device
@@ -692,6 +827,7 @@ static int pool_pending(const gpumem__pool *p) {
 static void sync_all(gpumem__pool *p) {
   if (!pool_pending(p)) return;
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
+    dirty_clear(p);
     for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
       if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
@@ -710,6 +846,9 @@ static void sync_all(gpumem__pool *p) {
     if (r != NULL && r->has_mark && gpumem__be_event_synchronize(p->ctx, p->device, r->mev) == GPUMEM_OK)
       mark_release(p, r);
   }
+  if (p->dirty && p->has_sev && p->sev_seq >= p->dirty_seq &&
+      gpumem__be_event_synchronize(p->ctx, p->device, p->sev) == GPUMEM_OK)
+    dirty_clear(p);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -733,6 +872,7 @@ static gpumem_status seg_create(gpumem__pool *p, size_t size, int cls, gpumem__s
   s->size = size;
   s->cls = cls;
   s->kind = SEG_PLAIN;
+  s->solo_era = p->solo != SOLO_MANY;
   s->head = b;
   s->next = p->segs;
   if (p->segs != NULL) p->segs->prev = s;
@@ -755,7 +895,9 @@ static void seg_unlink(gpumem__pool *p, gpumem__segment *s) {
 
 /* Give a wholly free READY segment back. On a backend error it stays. */
 static gpumem_status seg_release(gpumem__pool *p, gpumem__segment *s) {
-  gpumem_status st = gpumem__be_free(p->ctx, p->device, (void *)s->base);
+  gpumem_status st = p->dirty ? settle(p) : GPUMEM_OK; /* its blocks may have been freed without an event */
+  if (st != GPUMEM_OK) return st;
+  st = gpumem__be_free(p->ctx, p->device, (void *)s->base);
   if (st != GPUMEM_OK) return st;
   gpumem__block *b = s->head;
   idx_remove(p, b); /* also unmarks empty */
@@ -777,6 +919,7 @@ static gpumem_status release_empty(gpumem__pool *p, uint64_t keep, uint64_t *rel
     size_t sz = s->size;
     gpumem_status st = seg_release(p, s);
     if (st == GPUMEM_OK) *released += sz;
+    else if (st == GPUMEM_ERR_BUSY) break; /* not settled: not now */
     else if (first == GPUMEM_OK) first = st;
     s = n;
   }
@@ -803,6 +946,11 @@ static void check_threshold(gpumem__pool *p) {
   (void)release_empty(p, thr, &rel);
   if (cached_bytes(p) > thr && (p->npending > 0 || p->nmarks > 0)) {
     poll_pending(p);
+    (void)release_empty(p, thr, &rel);
+  }
+  if (cached_bytes(p) > thr && p->solo == SOLO_ONE && p->solo_r->idx->nblocks > 0) {
+    /* the one stream's frees: READY (dirty) now; the guard settles with an event if this call names the stream */
+    solo_drain(p, p->solo_r);
     (void)release_empty(p, thr, &rel);
   }
   count_trim(p, rel, "release threshold");
@@ -949,7 +1097,8 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
 /* Returns 1 when *best can not be beaten (an exact fit that touches no new
  * granule): the search stops there. Costs are counted only up to the best
  * so far (a candidate costing more loses anyway). */
-static int vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **best, size_t *best_fresh) {
+static int vm_consider(gpumem__fidx *f, size_t rsize, int rcls, int clean_only, gpumem__block **best,
+                       size_t *best_fresh) {
   if (f == NULL || f->nblocks == 0) return 0;
   int seen = 0, skipped = 0;
   int cls[2] = {rcls, CLS_MIXED};
@@ -966,7 +1115,9 @@ static int vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **
         int sl = __builtin_ctz(sls);
         sls &= sls - 1;
         for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
-          if (b->size < rsize) { /* only in the request's own bucket; a long list of those is not walked to its end */
+          if (b->size < rsize || (clean_only && b->seg->solo_era)) {
+            /* smaller: only in the request's own bucket, a long list of those is not walked to its end;
+             * quarantine: READY of older segments may still be in use by the first stream */
             if (++skipped > VM_SKIP_MAX) break;
             continue;
           }
@@ -1000,16 +1151,17 @@ static int vm_consider(gpumem__fidx *f, size_t rsize, int rcls, gpumem__block **
 }
 
 /* The best place among this stream's free blocks (mapped) and READY ones. */
-static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls, size_t *cost) {
+static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls, int clean_only,
+                                size_t *cost) {
   gpumem__block *b = NULL;
   size_t fresh = SIZE_MAX;
   int done = 0;
   if (r != NULL) {
-    done = vm_consider(r->idx, rsize, rcls, &b, &fresh);
+    done = vm_consider(r->idx, rsize, rcls, 0, &b, &fresh);
     for (gpumem__batch *bt = r->batches; bt != NULL && !done; bt = bt->snext)
-      done = vm_consider(bt->idx, rsize, rcls, &b, &fresh);
+      done = vm_consider(bt->idx, rsize, rcls, 0, &b, &fresh);
   }
-  if (!done) vm_consider(p->ready, rsize, rcls, &b, &fresh);
+  if (!done) vm_consider(p->ready, rsize, rcls, clean_only, &b, &fresh);
   *cost = fresh;
   return b;
 }
@@ -1034,6 +1186,7 @@ static gpumem_status vm_seg_open(gpumem__pool *p, size_t rsize, int rcls, gpumem
   s->size = size;
   s->cls = rcls;
   s->kind = SEG_VM;
+  s->solo_era = p->solo != SOLO_MANY;
   s->head = b;
   s->next = p->segs;
   if (p->segs != NULL) p->segs->prev = s;
@@ -1104,13 +1257,18 @@ static gpumem_status vm_clear(gpumem__pool *p) {
 static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream,
                                      gpumem__block **out) {
   if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
-  gpumem__srec *r = srec_find(p, stream);
+  solo_note(p, stream);
+  if (p->quarantine) quarantine_step(p, stream, 1);
+  /* one stream: the guard may wait before moving idle chunks, as the growth check below waits */
+  guard_ctx(p, stream, 1, p->solo != SOLO_MANY);
+  int clean_only = p->quarantine && stream != p->solo_s;
+  gpumem__srec *r = p->solo == SOLO_ONE ? p->solo_r : srec_find(p, stream);
   size_t g = gpumem__vm_granularity(p->vm);
   int synced = 0;
   for (int pass = 0;; pass++) {
   search:;
     size_t cost = 0;
-    gpumem__block *b = vm_search(p, r, rsize, rcls, &cost);
+    gpumem__block *b = vm_search(p, r, rsize, rcls, clean_only, &cost);
     size_t need = b != NULL ? vm_need(b, rsize) : 1;
     if (need > 0 || (b != NULL && b->idx != p->ready && (b->size != rsize || cost != 0))) {
       /* before mapping, or before settling for a free block of this stream's
@@ -1121,11 +1279,15 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
        * is taken at once: no event is recorded or asked (on CUDA that is
        * about a microsecond per allocation). */
       if (p->npending > 0 || p->nmarks > 0) poll_pending(p);
-      if (r != NULL && r->batches == NULL && r->idx->nblocks > 0 && p->ctx->has_events) {
-        (void)harvest(p, r, 1);
-        poll_pending(p);
+      if (r != NULL && r->batches == NULL && r->idx->nblocks > 0) {
+        if (p->solo == SOLO_ONE) {
+          solo_drain(p, r); /* no event: READY becomes dirty */
+        } else if (p->ctx->has_events) {
+          (void)harvest(p, r, 1);
+          poll_pending(p);
+        }
       }
-      b = vm_search(p, r, rsize, rcls, &cost);
+      b = vm_search(p, r, rsize, rcls, clean_only, &cost);
       need = b != NULL ? vm_need(b, rsize) : 1;
     }
     size_t avail = gpumem__vm_available(p->vm);
@@ -1143,6 +1305,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       synced = 1;
       sync_all(p);
       r = srec_find(p, stream);
+      clean_only = p->quarantine && stream != p->solo_s;
       goto search;
     }
     if (b == NULL) {
@@ -1185,6 +1348,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       count_trim(p, rel, "out-of-memory retry");
     }
     r = srec_find(p, stream);
+    clean_only = p->quarantine && stream != p->solo_s;
   }
 }
 
@@ -1375,6 +1539,17 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
   p->st.num_live--;
   b->requested = 0;
   b->tag = NULL;
+  if (p->vm != NULL) {
+    solo_note(p, stream);
+    if (p->solo == SOLO_ONE && stream == p->solo_s) {
+      /* one stream so far: no event (see "Single-stream expandable pools") */
+      gpumem__srec *r = p->solo_r;
+      b->fseq = ++r->seq;
+      insert_coalesce(p, r->idx, b);
+      return;
+    }
+    if (p->quarantine) quarantine_step(p, stream, named);
+  }
   gpumem__srec *r = srec_get(p, stream);
   if (r != NULL) {
     b->fseq = ++r->seq;
@@ -1394,6 +1569,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
     gpumem__mutex_unlock(&p->lock);
     return GPUMEM_ERR_INVALID_POINTER;
   }
+  guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   check_threshold(p);
 #ifdef GPUMEM_DEBUG
@@ -1405,6 +1581,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
 
 void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) {
   gpumem__mutex_lock(&p->lock);
+  guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   check_threshold(p);
   gpumem__mutex_unlock(&p->lock);
@@ -1414,6 +1591,7 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
                              gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
                              uint64_t *d_frees) {
   gpumem__mutex_lock(&p->lock);
+  guard_ctx(p, stream, named, 0);
   for (size_t i = 0; i < n; i++) {
     gpumem__block *b = blocks[i];
     acct->cached -= b->size;
@@ -1452,6 +1630,7 @@ gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *p) { return &p->st; }
 
 gpumem_status gpumem__pool_trim(gpumem__pool *p, uint64_t keep, uint64_t *released) {
   gpumem__mutex_lock(&p->lock);
+  guard_ctx(p, NULL, 0, 1);
   sync_all(p);
   uint64_t rel = 0;
   gpumem_status st = release_empty(p, keep, &rel);
@@ -1488,6 +1667,12 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     free(p->batch_free);
     p->batch_free = bt;
   }
+  if (p->has_sev) (void)gpumem__be_event_destroy(ctx, p->device, p->sev);
+  p->has_sev = 0;
+  p->dirty = 0; /* every block is being dropped (the caller synchronised the device, or is destroying) */
+  p->quarantine = 0;
+  p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
+  p->solo_r = NULL;
   for (size_t i = 0; i < p->nev; i++) (void)gpumem__be_event_destroy(ctx, p->device, p->evcache[i]);
   p->nev = 0;
   for (size_t i = 0; i < p->scap; i++) {
@@ -1641,6 +1826,8 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
   }
   fidx_clear(p->ready, IDX_READY);
   p->vm = gpumem__vm_pool_new(ctx, device, p->total, &p->st);
+  p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
+  if (p->vm != NULL) gpumem__vm_set_guard(p->vm, vm_guard, p);
 
   uint64_t init = ctx->opt.initial_bytes;
   if (init > 0) {

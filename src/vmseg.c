@@ -79,6 +79,8 @@ struct gpumem__vmpool {
   spare_chunk *spare;      /* unmapped but held (a failed map or destroy) */
   size_t nspare, capspare;
   size_t spare_gran;
+  gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
+  void *guard_arg;
 };
 
 #define LOG(vp, lvl, ...) gpumem__log(&(vp)->ctx->opt.log, (lvl), __VA_ARGS__)
@@ -124,6 +126,11 @@ void gpumem__vm_pool_free(gpumem__vmpool *vp) {
   free(vp->spare);
   free(vp->ch);
   free(vp);
+}
+
+void gpumem__vm_set_guard(gpumem__vmpool *vp, gpumem_status (*guard)(void *arg), void *arg) {
+  vp->guard = guard;
+  vp->guard_arg = arg;
 }
 
 size_t gpumem__vm_granularity(const gpumem__vmpool *vp) { return vp->gran; }
@@ -250,7 +257,9 @@ static void chunk_place(gpumem__vmspace *vs, uint32_t i, gpumem_phys_handle h, u
 static gpumem_status chunk_unmap(gpumem__vmpool *vp, uint32_t i, gpumem_phys_handle *h, uint32_t *len) {
   vmchunk *c = &vp->ch[i];
   gpumem__vmspace *vs = c->vs;
-  gpumem_status st = gpumem__be_vm_unmap(vp->ctx, vp->dev, gaddr(vs, c->start), (size_t)c->len * vp->gran);
+  gpumem_status st = vp->guard != NULL ? vp->guard(vp->guard_arg) : GPUMEM_OK;
+  if (st != GPUMEM_OK) return st; /* its memory may still be in use: not now (the chunk stays where it is) */
+  st = gpumem__be_vm_unmap(vp->ctx, vp->dev, gaddr(vs, c->start), (size_t)c->len * vp->gran);
   if (st != GPUMEM_OK) {
     if (c->idle) { /* try it last next time */
       idle_remove(vp, i);
@@ -501,12 +510,14 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
     /* an idle chunk of exactly this size: move it */
     uint32_t i = vp->ihead;
     for (int k = 0; k < FIT_SCAN && i != NIL && vp->ch[i].len != len; k++) i = vp->ch[i].next;
+    int guarded = 0; /* the guard refused: idle chunks stay, new memory is created */
     if (i != NIL && vp->ch[i].len == len) {
       gpumem_phys_handle h = 0;
       uint32_t l = 0;
       gpumem_status st = chunk_unmap(vp, i, &h, &l);
-      if (st != GPUMEM_OK) return st;
-      return map_handle(vs, g, h, l);
+      if (st == GPUMEM_OK) return map_handle(vs, g, h, l);
+      if (st != GPUMEM_ERR_BUSY) return st;
+      guarded = 1;
     }
     /* give back spare, then idle chunks, until the new chunk fits under the cap (or nothing idle is left) */
     while (vp->nspare > 0 && vp->st->reserved_bytes + add > cap) {
@@ -515,8 +526,9 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
       gpumem_status st = drop_handle(vp, s.h, s.len);
       if (st != GPUMEM_OK) return st;
     }
-    while (vp->ihead != NIL && vp->st->reserved_bytes + add > cap) {
+    while (!guarded && vp->ihead != NIL && vp->st->reserved_bytes + add > cap) {
       gpumem_status st = give_back(vp, vp->ihead);
+      if (st == GPUMEM_ERR_BUSY) break;
       if (st != GPUMEM_OK) return st;
     }
   }
@@ -527,8 +539,9 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
     uint64_t freed = 0;
     while (vp->ihead != NIL && freed < add) {
       freed += (uint64_t)vp->ch[vp->ihead].len * vp->gran;
-      st = give_back(vp, vp->ihead);
-      if (st != GPUMEM_OK) return st;
+      gpumem_status gst = give_back(vp, vp->ihead);
+      if (gst == GPUMEM_ERR_BUSY) return st; /* still out of memory: the caller waits and retries */
+      if (gst != GPUMEM_OK) return gst;
     }
     st = map_new(vs, g, len);
   }
@@ -585,6 +598,7 @@ gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *
     uint64_t held0 = vp->st->reserved_bytes;
     gpumem_status st = shrink(vp, i, keep);
     if (held0 > vp->st->reserved_bytes) rel += held0 - vp->st->reserved_bytes;
+    if (st == GPUMEM_ERR_BUSY) break; /* the guard: idle chunks may still be in use, not now */
     if (st != GPUMEM_OK) {
       if (first == GPUMEM_OK) first = st; /* (a chunk whose destroy failed is spare: still held) */
       break; /* the backend is failing: stop here */

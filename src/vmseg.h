@@ -57,6 +57,15 @@ gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t
  * and frees are kept there).
  */
 gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t total, gpumem_stats *st);
+/**
+ * Install a guard called before any idle chunk is unmapped (moved, trimmed,
+ * given back): it returns GPUMEM_OK when nothing can touch the idle chunks
+ * any more, or a status (GPUMEM_ERR_BUSY: not now) and then nothing is
+ * unmapped: gpumem__vm_commit creates new memory instead of moving idle
+ * chunks, gpumem__vm_trim stops there (no error). The pool uses it for
+ * blocks that a single-stream pool made READY at their free (pool.c).
+ */
+void gpumem__vm_set_guard(gpumem__vmpool *vp, gpumem_status (*guard)(void *arg), void *arg);
 /** Free the state; every space must be closed. */
 void gpumem__vm_pool_free(gpumem__vmpool *vp);
 size_t gpumem__vm_granularity(const gpumem__vmpool *vp);
