@@ -696,14 +696,17 @@ static void stream_touch(gpumem__pool *p, gpumem__srec *r) {
   if (harvest(p, r, 1) != NULL) r->fed = p->hungry;
 }
 
-/* 1 when some free block is not READY yet (in a pending batch, or unbatched in its stream's index), or
- * READY holds blocks whose stream work may be pending (a single-stream pool's "dirty" READY). */
-static int pool_pending(const gpumem__pool *p) {
-  if (p->npending > 0 || p->dirty) return 1;
+/* pool_pending_blocks: 1 when some free block is not READY yet (in a pending batch, or unbatched in its
+ * stream's index); pool_pending: that, or READY holds blocks whose stream work may be pending (a
+ * single-stream pool's "dirty" READY). */
+static int pool_pending_blocks(const gpumem__pool *p) {
+  if (p->npending > 0) return 1;
   for (size_t i = 0; i < p->scap; i++)
     if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) return 1;
   return 0;
 }
+
+static int pool_pending(const gpumem__pool *p) { return p->dirty || pool_pending_blocks(p); }
 
 /* Single-stream expandable pools ("solo"). While an expandable pool has
  * seen one stream S only, a free on S puts the block straight into READY
@@ -1292,7 +1295,7 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
     }
     size_t avail = gpumem__vm_available(p->vm);
     if (b != NULL && !synced && need > avail && p->ctx->has_events && p->scount == 1 && r != NULL &&
-        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && pool_pending(p)) {
+        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && pool_pending_blocks(p)) {
       /* One stream (the training-loop case), growing past the peak while
        * blocks it freed may still be in use on the device (a GPU running
        * behind the host): their chunks cannot be moved and their space is
@@ -1301,7 +1304,10 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
        * streams the pool does not wait: another stream's work may be long.)
        * Replays on the simulator with its work held back (gpumem-replay
        * --sim-lag 400): resnet50 1.255 -> 1.055, bert_dyn 1.139 -> 1.031
-       * (docs/PERFORMANCE.md). Steady state (no growth) never waits. */
+       * (docs/PERFORMANCE.md). Steady state (no growth) never waits.
+       * (Blocks a single-stream pool made READY without an event are
+       * coalesced already: moving their idle chunks waits for the stream in
+       * vm_guard, not here.) */
       synced = 1;
       sync_all(p);
       r = srec_find(p, stream);
