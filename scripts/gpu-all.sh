@@ -42,6 +42,19 @@ want suite && part suite 300 env OUT="$W/suite" bash scripts/gpu-suite.sh
 nvtx() { OUT="$W/nvtx" bash "$ROOT/scripts/gpu-nvtx.sh"; }
 export -f nvtx; export ROOT W
 want nvtx && part nvtx 120 bash -c nvtx
+# The soak binary links libcmocka: where gpu-suite.sh unpacked it (again here when a later command's
+# carried .gpu replaced the unpacked copy, as in GPU-TESTING.md run 13).
+cmocka_path() {
+  [ -e /usr/include/cmocka.h ] && return 0
+  local P=$ROOT/.gpu/cmocka/root
+  if ! find "$P" -name 'libcmocka.so.0' 2>/dev/null | grep -q .; then
+    for deb in "$ROOT"/.gpu/cmocka/*.deb; do dpkg -x "$deb" "$P"; done
+  fi
+  local d
+  d=$(dirname "$(find "$P" -name 'libcmocka.so.0' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+if want soak || want soakbg; then cmocka_path; fi
 want soak && part soak "$((${SOAK_SECONDS:-60} + 30))" env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off \
   GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak"
 want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
