@@ -317,8 +317,8 @@ int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
 /** Remove key when it maps to pool and its block is live (any = 1: or in a thread cache); returns the block or NULL. */
 gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any);
-/** Remove key when its block is live (absent or in a thread cache: NULL); its pool in *pool. */
-gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool);
+/** Remove entry e of shard s (found with gpumem__ptrmap_find; shard lock held). The block's state is the caller's. */
+void gpumem__ptrmap_erase_locked(gpumem__ptrmap_shard *s, gpumem__ptrmap_entry *e);
 /** Look key up and copy out the requested size and device of its live block. 0 if found. */
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device);
 /** 1 if key maps to exactly (block, pool). */

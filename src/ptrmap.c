@@ -146,21 +146,6 @@ gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__p
   return b;
 }
 
-gpumem__block *gpumem__ptrmap_take(gpumem__ptrmap *m, uintptr_t key, gpumem__pool **pool) {
-  uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = shard_of(m, h);
-  gpumem__ptrmap_lock(s);
-  size_t i = find(s, key, h);
-  if (i == SIZE_MAX || !claim_live(s->slots[i].block)) {
-    gpumem__ptrmap_unlock(s);
-    return NULL;
-  }
-  *pool = s->slots[i].pool;
-  gpumem__block *b = remove_at(s, i);
-  gpumem__ptrmap_unlock(s);
-  return b;
-}
-
 static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
   gpumem__block *b = s->slots[i].block;
   /* backward-shift deletion */
@@ -181,6 +166,10 @@ static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
   s->slots[i].pool = NULL;
   s->count--;
   return b;
+}
+
+void gpumem__ptrmap_erase_locked(gpumem__ptrmap_shard *s, gpumem__ptrmap_entry *e) {
+  (void)remove_at(s, (size_t)(e - s->slots));
 }
 
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
