@@ -17,7 +17,8 @@
 #define GPUMEM__TC_BINS 32                      /* direct-mapped by block size */
 #define GPUMEM__TC_BIN_CAP 8                    /* blocks per bin */
 #define GPUMEM__TC_MAX_BYTES ((uint64_t)4 << 20) /* bytes per cache */
-#define GPUMEM__TC_OWN 32                       /* blocks this cache handed out that it remembers */
+#define GPUMEM__TC_OWN_LOG 5
+#define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache handed out that it remembers */
 
 typedef struct gpumem__tc_bin {
   size_t size; /* block size held (valid while n > 0) */
@@ -88,7 +89,7 @@ static inline gpumem__tc_bin *gpumem__tc_bin_of(gpumem__tc *c, size_t bsize) {
 
 /* Where key is remembered (a multiplicative hash: block addresses share their low bits). */
 static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
-  return &c->own[(uint32_t)((uint32_t)(key >> 8) * 0x9E3779B1u) >> 27];
+  return &c->own[(uint32_t)((uint32_t)(key >> 8) * 0x9E3779B1u) >> (32 - GPUMEM__TC_OWN_LOG)];
 }
 
 /* Remember a block this cache hands out, live with state `state`. Cache lock held. */
