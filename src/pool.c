@@ -221,7 +221,7 @@ static inline void tlsf_map_units(uint64_t u, int *fl, int *sl) {
 /* Bucket of a block of `size` bytes (units of 256 B: 8 linear buckets, then 8 per power of two). */
 static inline void tlsf_map(size_t size, int *fl, int *sl) { tlsf_map_units((uint64_t)size >> 8, fl, sl); }
 
-static void tlsf_insert(gpumem__tlsf *t, gpumem__block *b) {
+static inline void tlsf_insert(gpumem__tlsf *t, gpumem__block *b) {
   int fl, sl;
   tlsf_map(b->size, &fl, &sl);
   gpumem__block *h = t->heads[fl][sl];
@@ -233,7 +233,7 @@ static void tlsf_insert(gpumem__tlsf *t, gpumem__block *b) {
   t->fl_bitmap |= (uint64_t)1 << fl;
 }
 
-static void tlsf_remove(gpumem__tlsf *t, gpumem__block *b) {
+static inline void tlsf_remove(gpumem__tlsf *t, gpumem__block *b) {
   int fl, sl;
   tlsf_map(b->size, &fl, &sl);
   if (b->fprev != NULL) b->fprev->fnext = b->fnext;
@@ -362,7 +362,7 @@ static void seg_unmark_empty(gpumem__pool *p, gpumem__segment *s) {
   p->empty_bytes -= s->size;
 }
 
-static void idx_insert(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
+static inline void idx_insert(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
   b->idx = f;
   tlsf_insert(&f->t[b->seg->cls], b);
   f->nblocks++;
@@ -370,7 +370,7 @@ static void idx_insert(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
   if (f->kind == IDX_READY && b->size == b->seg->size) seg_mark_empty(p, b->seg);
 }
 
-static void idx_remove(gpumem__pool *p, gpumem__block *b) {
+static inline void idx_remove(gpumem__pool *p, gpumem__block *b) {
   gpumem__fidx *f = b->idx;
   if (f->kind == IDX_READY && b->size == b->seg->size) seg_unmark_empty(p, b->seg);
   tlsf_remove(&f->t[b->seg->cls], b);
@@ -558,18 +558,36 @@ static gpumem__batch *harvest(gpumem__pool *p, gpumem__srec *r, int with_event) 
   return b;
 }
 
-/* Move every block of f into READY (coalescing). */
+/* Move every block of f into READY (coalescing). The blocks go in the order
+ * of f's buckets, each bucket's list from its head; f's lists are not
+ * unlinked one block at a time but dropped whole (f ends empty). */
 static void drain_to_ready(gpumem__pool *p, gpumem__fidx *f) {
+  gpumem__fidx *ready = p->ready;
   for (int c = 0; c < CLS_COUNT; c++) {
     gpumem__tlsf *t = &f->t[c];
-    while (t->fl_bitmap != 0) {
-      int fl = ctz64(t->fl_bitmap);
-      int sl = __builtin_ctz(t->sl_bitmap[fl]);
-      gpumem__block *blk = t->heads[fl][sl];
-      idx_remove(p, blk);
-      insert_coalesce(p, p->ready, blk);
+    uint64_t fls = t->fl_bitmap;
+    while (fls != 0) {
+      int fl = ctz64(fls);
+      fls &= fls - 1;
+      unsigned sls = t->sl_bitmap[fl];
+      while (sls != 0) {
+        int sl = __builtin_ctz(sls);
+        sls &= sls - 1;
+        gpumem__block *b = t->heads[fl][sl], *n;
+        t->heads[fl][sl] = NULL;
+        for (; b != NULL; b = n) {
+          n = b->fnext; /* b's merges touch READY blocks only, never f's */
+          b->fprev = b->fnext = NULL;
+          b->idx = NULL;
+          insert_coalesce(p, ready, b);
+        }
+      }
+      t->sl_bitmap[fl] = 0;
     }
+    t->fl_bitmap = 0;
   }
+  f->nblocks = 0;
+  f->bytes = 0;
 }
 
 /* The batch's event completed: its blocks become READY (coalescing). */
@@ -1097,76 +1115,146 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
  * they score well. */
 #define VM_CANDIDATES 16
 #define VM_SKIP_MAX 32 /* smaller blocks passed over in the request's own bucket */
-/* Returns 1 when *best can not be beaten (an exact fit that touches no new
- * granule): the search stops there. Costs are counted only up to the best
- * so far (a candidate costing more loses anyway). */
-static int vm_consider(gpumem__fidx *f, size_t rsize, int rcls, int clean_only, gpumem__block **best,
-                       size_t *best_fresh) {
-  if (f == NULL || f->nblocks == 0) return 0;
+
+/* The search's state: the request, and the best candidate so far. */
+typedef struct vm_pick {
+  size_t rsize;
+  int rcls, fl0, sl0; /* the request's class and TLSF bucket */
+  int clean_only;
+  gpumem__block *best;
+  size_t fresh;       /* its cost (SIZE_MAX while best is NULL) */
+  int start_free;     /* its start costs nothing: no granule of [addr, addr + rsize) is unmapped */
+} vm_pick;
+
+/* Smallest size (bytes) of a block in TLSF bucket (fl, sl) (see tlsf_map_units). */
+static inline size_t tlsf_bucket_min(int fl, int sl) {
+  uint64_t u = fl == 0 ? (uint64_t)sl : (uint64_t)(TLSF_SL + sl) << (fl - 1);
+  return (size_t)(u << 8);
+}
+
+/* One fidx. Returns 1 when the best can not be beaten (an exact fit that
+ * touches no new granule): the search stops there. Costs are counted only
+ * up to the best so far (a candidate costing more loses anyway), and not at
+ * all for a candidate that can not win even at cost 0. A block that is not
+ * READY is busy (every granule it touches has busy bytes, hence is mapped),
+ * so placing at its start costs 0: only READY blocks are scored (ready = 1).
+ * Candidates are visited, counted and skipped exactly as by a full scoring
+ * of each; what is left out changes nothing in the result: a later bucket
+ * of the last class that holds candidates is not visited once the best
+ * costs 0 and is smaller than any block there. */
+static inline __attribute__((always_inline)) int vm_consider_(gpumem__fidx *f, vm_pick *k, const int ready) {
+  const size_t rsize = k->rsize;
+  const int fl0 = k->fl0, clean_only = k->clean_only;
+  const uint64_t flmask = ~(uint64_t)0 << fl0;
+  gpumem__block *best = k->best;
+  size_t fresh = k->fresh;
+  int start_free = k->start_free, ret = 0;
   int seen = 0, skipped = 0;
-  int cls[2] = {rcls, CLS_MIXED};
   for (int ci = 0; ci < 2 && seen < VM_CANDIDATES; ci++) {
-    gpumem__tlsf *t = &f->t[cls[ci]];
-    int fl0, sl0, zero_here = 0;
-    tlsf_map(rsize, &fl0, &sl0);
-    uint64_t fls = t->fl_bitmap & (~(uint64_t)0 << fl0); /* non-empty first levels from fl0 (bitmaps: no empty bin is visited) */
-    while (fls != 0 && seen < VM_CANDIDATES) {
-      int fl = ctz64(fls);
-      fls &= fls - 1;
-      unsigned sls = t->sl_bitmap[fl] & (fl == fl0 ? ~0u << sl0 : ~0u);
-      while (sls != 0 && seen < VM_CANDIDATES) {
-        int sl = __builtin_ctz(sls);
-        sls &= sls - 1;
-        for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
-          if (b->size < rsize || (clean_only && b->seg->solo_era)) {
-            /* smaller: only in the request's own bucket, a long list of those is not walked to its end;
-             * quarantine: READY of older segments may still be in use by the first stream */
-            if (++skipped > VM_SKIP_MAX) break;
-            continue;
-          }
-          seen++;
-          size_t fr = 0;
-          if (b->seg->kind == SEG_VM) {
-            size_t cap = *best == NULL ? SIZE_MAX : *best_fresh;
-            fr = gpumem__vm_place_cost(b->seg->vm, b->addr, rsize, cap);
-            if (f->kind == IDX_READY && fr > 0) {
-              size_t f2 = gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize, fr);
+    gpumem__tlsf *t = &f->t[ci == 0 ? k->rcls : CLS_MIXED];
+    if ((t->fl_bitmap & flmask) == 0) continue; /* bitmaps: no empty bin is visited */
+    /* no class after this one has candidates: the counters matter no more once this one is left */
+    const int last = ci == 1 || (f->t[CLS_MIXED].fl_bitmap & flmask) == 0;
+    int fl = fl0, sl = k->sl0;
+    while (seen < VM_CANDIDATES) {
+      /* the next non-empty bucket from (fl, sl) on */
+      unsigned sls = (unsigned)t->sl_bitmap[fl] & (~0u << sl);
+      if (sls == 0) {
+        uint64_t fls = t->fl_bitmap & (~(uint64_t)1 << fl);
+        if (fls == 0) break;
+        fl = ctz64(fls);
+        sls = t->sl_bitmap[fl];
+      }
+      sl = __builtin_ctz(sls);
+      /* every block from here on is larger than a best that costs nothing: none can win */
+      if (last && fresh == 0 && tlsf_bucket_min(fl, sl) > best->size) goto out;
+      int zero_here = 0;
+      for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
+        const size_t bsize = b->size;
+        if (bsize < rsize || (clean_only && b->seg->solo_era)) {
+          /* smaller: only in the request's own bucket, a long list of those is not walked to its end;
+           * quarantine: READY of older segments may still be in use by the first stream */
+          if (++skipped > VM_SKIP_MAX) break;
+          continue;
+        }
+        seen++;
+        size_t fr = 0;
+        int sf = 1;
+        if (best != NULL) {
+          /* the order: lower cost, then the smaller block, then the lower address */
+          int tie_wins = bsize < best->size || (bsize == best->size && b->addr < best->addr);
+          if (fresh == 0 && !tie_wins) continue; /* loses even at cost 0 */
+          if (ready && b->seg->kind == SEG_VM) {
+            const gpumem__vmspace *vs = b->seg->vm;
+            fr = gpumem__vm_place_cost(vs, b->addr, rsize, fresh);
+            if (fr > 0) {
+              sf = 0;
+              size_t f2 = gpumem__vm_place_cost(vs, b->addr + bsize - rsize, rsize, fr);
               if (f2 < fr) fr = f2;
             }
           }
-          gpumem__block *c = *best;
-          if (c == NULL || fr < *best_fresh ||
-              (fr == *best_fresh && (b->size < c->size || (b->size == c->size && b->addr < c->addr)))) {
-            *best = b;
-            *best_fresh = fr;
-            if (fr == 0 && b->size == rsize) return 1;
-            if (fr == 0) zero_here = 1;
+          if (fr > fresh || (fr == fresh && !tie_wins)) continue;
+        } else if (ready && b->seg->kind == SEG_VM) {
+          const gpumem__vmspace *vs = b->seg->vm;
+          fr = gpumem__vm_place_cost(vs, b->addr, rsize, SIZE_MAX);
+          if (fr > 0) {
+            sf = 0;
+            size_t f2 = gpumem__vm_place_cost(vs, b->addr + bsize - rsize, rsize, fr);
+            if (f2 < fr) fr = f2;
           }
         }
-        /* a block costing nothing was found in this bucket: later buckets of
-         * this class hold only larger blocks, which lose the tie */
-        if (zero_here) break;
+        best = b;
+        fresh = fr;
+        start_free = sf;
+        if (fr == 0) {
+          if (bsize == rsize) {
+            ret = 1;
+            goto out;
+          }
+          zero_here = 1;
+        }
       }
+      /* a block costing nothing was found in this bucket: later buckets of
+       * this class hold only larger blocks, which lose the tie */
       if (zero_here) break;
+      if (++sl == TLSF_SL) {
+        if (++fl == TLSF_FL) break;
+        sl = 0;
+      }
     }
   }
-  return 0;
+out:
+  k->best = best;
+  k->fresh = fresh;
+  k->start_free = start_free;
+  return ret;
+}
+
+static int vm_consider_ready(gpumem__fidx *f, vm_pick *k) {
+  return f->nblocks == 0 ? 0 : vm_consider_(f, k, 1);
+}
+
+static int vm_consider_busy(gpumem__fidx *f, vm_pick *k) {
+  return f->nblocks == 0 ? 0 : vm_consider_(f, k, 0);
 }
 
 /* The best place among this stream's free blocks (mapped) and READY ones. */
-static gpumem__block *vm_search(gpumem__pool *p, gpumem__srec *r, size_t rsize, int rcls, int clean_only,
-                                size_t *cost) {
-  gpumem__block *b = NULL;
-  size_t fresh = SIZE_MAX;
+static void vm_search(gpumem__pool *p, gpumem__srec *r, vm_pick *k) {
+  k->best = NULL;
+  k->fresh = SIZE_MAX;
+  k->start_free = 0;
   int done = 0;
   if (r != NULL) {
-    done = vm_consider(r->idx, rsize, rcls, 0, &b, &fresh);
-    for (gpumem__batch *bt = r->batches; bt != NULL && !done; bt = bt->snext)
-      done = vm_consider(bt->idx, rsize, rcls, 0, &b, &fresh);
+    done = vm_consider_busy(r->idx, k);
+    for (gpumem__batch *bt = r->batches; bt != NULL && !done; bt = bt->snext) done = vm_consider_busy(bt->idx, k);
   }
-  if (!done) vm_consider(p->ready, rsize, rcls, clean_only, &b, &fresh);
-  *cost = fresh;
-  return b;
+  if (!done) vm_consider_ready(p->ready, k);
+}
+
+/* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
+static inline size_t vm_pick_need(const vm_pick *k) {
+  if (k->best == NULL) return 1;
+  return k->start_free ? 0 : vm_need(k->best, k->rsize);
 }
 
 /* A new expandable segment for class rcls, holding at least rsize bytes; *out = its (READY) block. */
@@ -1268,11 +1356,16 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
   gpumem__srec *r = p->solo == SOLO_ONE ? p->solo_r : srec_find(p, stream);
   size_t g = gpumem__vm_granularity(p->vm);
   int synced = 0;
+  vm_pick k;
+  k.rsize = rsize;
+  k.rcls = rcls;
+  tlsf_map(rsize, &k.fl0, &k.sl0);
   for (int pass = 0;; pass++) {
   search:;
-    size_t cost = 0;
-    gpumem__block *b = vm_search(p, r, rsize, rcls, clean_only, &cost);
-    size_t need = b != NULL ? vm_need(b, rsize) : 1;
+    k.clean_only = clean_only;
+    vm_search(p, r, &k);
+    gpumem__block *b = k.best;
+    size_t cost = k.fresh, need = vm_pick_need(&k);
     if (need > 0 || (b != NULL && b->idx != p->ready && (b->size != rsize || cost != 0))) {
       /* before mapping, or before settling for a free block of this stream's
        * own that does not fit exactly (placed where it was freed): completed
@@ -1290,8 +1383,14 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
           poll_pending(p);
         }
       }
-      b = vm_search(p, r, rsize, rcls, clean_only, &cost);
-      need = b != NULL ? vm_need(b, rsize) : 1;
+      vm_search(p, r, &k);
+      b = k.best;
+      need = vm_pick_need(&k);
+    }
+    if (b != NULL && need == 0) { /* all mapped: nothing below applies but the take */
+      take(p, b, rsize);
+      *out = b;
+      return GPUMEM_OK;
     }
     size_t avail = gpumem__vm_available(p->vm);
     if (b != NULL && !synced && need > avail && p->ctx->has_events && p->scount == 1 && r != NULL &&

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NIL UINT32_MAX
+#define NIL GPUMEM__VM_NIL
 /* the default size of a space, in multiples of the device total */
 #define SPACE_TOTAL_FACTOR 2
 /* a space when the backend reports no total */
@@ -49,20 +49,7 @@ typedef struct spare_chunk {
   uint32_t len;
 } spare_chunk;
 
-struct gpumem__vmspace {
-  gpumem__vmpool *vp;
-  gpumem__vmspace *prev, *next;
-  uintptr_t base;          /* aligned to the granularity */
-  size_t size;
-  void *raw;               /* what vm_reserve returned, and its size (for vm_release) */
-  size_t raw_size;
-  uint32_t n;              /* granules */
-  uint32_t *cid;           /* n: chunk mapped at the granule, NIL = none */
-  uint32_t *busy;          /* n: busy bytes */
-  size_t nmapped;          /* granules */
-  size_t nchunks;          /* chunks mapped in the space */
-  uint32_t *chk;           /* invariant check scratch */
-};
+/* struct gpumem__vmspace is in vmseg.h (the per-allocation helpers there inline into pool.c) */
 
 struct gpumem__vmpool {
   gpumem_context *ctx;
@@ -391,6 +378,7 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
   memset(vs->cid, 0xff, n * sizeof *vs->cid); /* NIL */
   vs->vp = vp;
   vs->base = (uintptr_t)va;
+  vs->gshift = (unsigned)__builtin_ctzll((unsigned long long)g);
   vs->size = want;
   vs->raw = raw;
   vs->raw_size = raw_size;
@@ -442,46 +430,14 @@ gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
 /* ---------------------------------------------------------------------- */
 /* Busy bytes and mapping                                                  */
 
-void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta) {
-  if (size == 0) return;
+void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta) {
   gpumem__vmpool *vp = vs->vp;
-  size_t gs = vp->gran;
-  uintptr_t off = addr - vs->base, end = off + size;
-  uint32_t g = (uint32_t)(off / gs), last = (uint32_t)((end - 1) / gs);
-  for (; g <= last; g++) {
-    uintptr_t lo = (uintptr_t)g * gs, hi = lo + gs;
-    if (lo < off) lo = off;
-    if (hi > end) hi = end;
-    uint32_t bytes = (uint32_t)(hi - lo);
-    uint32_t i = vs->cid[g];
-    if (delta > 0) {
-      if (vs->busy[g] == 0 && i != NIL && vp->ch[i].nbusy++ == 0) idle_remove(vp, i);
-      vs->busy[g] += bytes;
-    } else {
-      vs->busy[g] -= bytes;
-      if (vs->busy[g] == 0 && i != NIL && --vp->ch[i].nbusy == 0) idle_push(vp, i);
-    }
+  uint32_t i = vs->cid[g];
+  if (delta > 0) {
+    if (vp->ch[i].nbusy++ == 0) idle_remove(vp, i);
+  } else {
+    if (--vp->ch[i].nbusy == 0) idle_push(vp, i);
   }
-}
-
-size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size, size_t cap) {
-  if (size == 0) return 0;
-  size_t gs = vs->vp->gran;
-  uintptr_t off = addr - vs->base;
-  uint32_t g = (uint32_t)(off / gs), last = (uint32_t)((off + size - 1) / gs);
-  size_t k = 0;
-  for (; g <= last && k <= cap; g++) k += (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == NIL);
-  return k;
-}
-
-size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size) {
-  if (size == 0) return 0;
-  size_t gs = vs->vp->gran;
-  uintptr_t off = addr - vs->base;
-  uint32_t g = (uint32_t)(off / gs), last = (uint32_t)((off + size - 1) / gs);
-  size_t k = 0;
-  for (; g <= last; g++) k += vs->cid[g] == NIL;
-  return k;
 }
 
 /* Map `len` granules at granule g of vs that are all unmapped, in one chunk.

@@ -86,19 +86,84 @@ uint64_t gpumem__vm_space_mapped(const gpumem__vmspace *vs);
 /** Forget every busy byte of the space (reset: every block is gone). */
 void gpumem__vm_space_clear_busy(gpumem__vmspace *vs);
 
+/* A space. Its definition is here only so that the per-allocation helpers
+ * below (busy bytes, placement costs) inline into pool.c; nothing outside
+ * vmseg.c writes its fields. */
+struct gpumem__vmspace {
+  uintptr_t base;          /* aligned to the granularity */
+  uint32_t *cid;           /* n: chunk mapped at the granule, GPUMEM__VM_NIL = none */
+  uint32_t *busy;          /* n: busy bytes */
+  unsigned gshift;         /* log2 of the granularity */
+  gpumem__vmpool *vp;
+  gpumem__vmspace *prev, *next;
+  size_t size;
+  void *raw;               /* what vm_reserve returned, and its size (for vm_release) */
+  size_t raw_size;
+  uint32_t n;              /* granules */
+  size_t nmapped;          /* granules */
+  size_t nchunks;          /* chunks mapped in the space */
+  uint32_t *chk;           /* invariant check scratch */
+};
+
+#define GPUMEM__VM_NIL UINT32_MAX
+
+/* Out of line: granule g's busy bytes went from 0 to more (delta > 0) or back to 0 (delta < 0) and a chunk is
+ * mapped there; its chunk's busy granule count moves, and the chunk leaves or joins the idle list. */
+void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta);
+
 /** [addr, addr+size) becomes busy (delta > 0) or stops being busy (delta < 0). */
-void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta);
+static inline void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta) {
+  if (size == 0) return;
+  const unsigned sh = vs->gshift;
+  uintptr_t off = addr - vs->base, end = off + size;
+  uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((end - 1) >> sh);
+  uint32_t *busy = vs->busy;
+  for (; g <= last; g++) {
+    uintptr_t lo = (uintptr_t)g << sh, hi = lo + ((uintptr_t)1 << sh);
+    if (lo < off) lo = off;
+    if (hi > end) hi = end;
+    uint32_t bytes = (uint32_t)(hi - lo);
+    if (delta > 0) {
+      if (busy[g] == 0 && vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, +1);
+      busy[g] += bytes;
+    } else {
+      busy[g] -= bytes;
+      if (busy[g] == 0 && vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, -1);
+    }
+  }
+}
+
 /**
  * The placement cost of a block at [addr, addr+size), in granules: those
  * that no busy byte touches yet (what the block adds to the footprint), plus
  * those that are not mapped (each needs a chunk: backend calls, and new
  * memory where no idle chunk can be moved). An idle mapped granule costs 1,
  * an unmapped one 2: both take a granule's worth from the pool's memory,
- * but only the unmapped one costs backend calls.
+ * but only the unmapped one costs backend calls. Counting stops once it
+ * passes cap (the result is then some value > cap).
  */
-size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size, size_t cap);
+static inline size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t addr, size_t size, size_t cap) {
+  if (size == 0) return 0;
+  const unsigned sh = vs->gshift;
+  uintptr_t off = addr - vs->base;
+  uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
+  const uint32_t *busy = vs->busy, *cid = vs->cid;
+  size_t k = 0;
+  for (; g <= last && k <= cap; g++) k += (size_t)(busy[g] == 0) + (size_t)(cid[g] == GPUMEM__VM_NIL);
+  return k;
+}
+
 /** Granules of [addr, addr+size) that are not mapped. */
-size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size);
+static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size) {
+  if (size == 0) return 0;
+  const unsigned sh = vs->gshift;
+  uintptr_t off = addr - vs->base;
+  uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
+  const uint32_t *cid = vs->cid;
+  size_t k = 0;
+  for (; g <= last; g++) k += cid[g] == GPUMEM__VM_NIL;
+  return k;
+}
 /** Bytes of spare chunks (held, unmapped). */
 uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp);
 /** Granules available without creating a chunk (in idle and spare chunks). */
