@@ -178,12 +178,15 @@ static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_
  * find their exact size again; a near one spares the pool path (about 1,500 instructions and,
  * on a GPU, often an event call) for a bounded waste. Cache lock held. */
 static gpumem__tc_bin *near_fit(gpumem__tc *c, size_t rsize) {
-  if (c->acct.cached == 0) return NULL;
+  if (c->acct.cached < rsize) return NULL; /* no cached block is that large */
   size_t hi = rsize + rsize / 8;
   gpumem__tc_bin *best = NULL;
-  for (int i = 0; i < GPUMEM__TC_BINS; i++) {
-    gpumem__tc_bin *bn = &c->bins[i];
-    if (bn->n > 0 && bn->size >= rsize && bn->size <= hi && (best == NULL || bn->size < best->size)) best = bn;
+  for (gpumem__tc_bin *bn = c->bins; bn < c->bins + GPUMEM__TC_BINS; bn++) {
+    size_t sz = bn->size; /* (stale while n == 0) */
+    if (sz >= rsize && sz <= hi && bn->n > 0) {
+      best = bn;
+      hi = sz; /* only a smaller one can win now */
+    }
   }
   return best;
 }
