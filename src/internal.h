@@ -26,14 +26,10 @@
 #  define GPUMEM__PRINTF(f, a) __attribute__((format(printf, f, a)))
 #  define GPUMEM__LIKELY(x) __builtin_expect(!!(x), 1)
 #  define GPUMEM__UNLIKELY(x) __builtin_expect(!!(x), 0)
-#  define GPUMEM__NOINLINE __attribute__((noinline))
-#  define GPUMEM__ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #  define GPUMEM__PRINTF(f, a)
 #  define GPUMEM__LIKELY(x) (x)
 #  define GPUMEM__UNLIKELY(x) (x)
-#  define GPUMEM__NOINLINE
-#  define GPUMEM__ALWAYS_INLINE inline
 #endif
 
 /* ---------------------------------------------------------------------- */

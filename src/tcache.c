@@ -2,13 +2,17 @@
  *
  * Each thread that allocates or frees gets one cache, keyed by (context,
  * pool, stream). A free on S of a block of that pool, up to GPUMEM__TC_MAX_SIZE,
- * claims the block in the pointer index (gpumem__tc_fast_free: under the
- * shard lock the block is marked cached, so of two threads freeing one
- * pointer exactly one wins and a later free of it is rejected) and keeps it
- * in a bin of its exact block size; an alloc on S of that rounded size pops
- * it and clears the mark: the entry never left the index, so the hit costs
- * no index operation. Neither takes the pool lock. A flush removes its
- * cached blocks' entries and gives the blocks to the pool.
+ * claims the block (its state word goes even -> odd by compare-and-swap, so
+ * of two threads freeing one pointer exactly one wins and a later free of it
+ * is rejected) and keeps it in a bin of its exact block size; its pointer-index
+ * entry stays, marked not live. An alloc on S of that rounded size pops it
+ * (odd -> even): no index operation either way, no pool lock. The claim
+ * finds the block through the index (gpumem__tc_free, under the shard lock),
+ * or, for a block this cache handed out itself, through the cache's memory
+ * of it (tcache.h, no shared lock at all). A miss on the exact size takes
+ * the smallest cached block of up to 12.5 % more (near_fit). A flush removes
+ * its cached blocks' entries and gives the blocks to the pool, and forgets
+ * what the cache remembered.
  * Stream order: the cache only ever serves the stream the block was freed
  * on. Cached blocks are live for the pool; statistics are the pool's
  * adjusted by every cache's counters, read under every cache lock.

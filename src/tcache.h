@@ -1,10 +1,12 @@
 /* tcache.h: the per-thread cache's layout and its inlined hot paths (issue 4).
  *
- * gpumem_alloc and gpumem_free try gpumem__tc_fast_alloc / _free first: one
- * thread-local load, the cache's spinlock, a bin look-up and (for a free)
- * one probe of the pointer index, all inlined into the entry point. Anything
- * else (a miss, another key, a full bin, the peak moving) returns 0 and the
- * caller takes the out-of-line path in tcache.c, which redoes the checks.
+ * gpumem_alloc and gpumem_free try gpumem__tc_fast_alloc / _free first, before
+ * any argument check: one thread-local load, a try of the cache's spinlock,
+ * a bin look-up, and (for a free) the cache's memory of the blocks it handed
+ * out plus one compare-and-swap, all inlined into the entry point. Anything
+ * else (a miss, another key, a full bin, the peak moving, the lock taken)
+ * returns 0 and the caller checks its arguments and takes the out-of-line
+ * path in tcache.c.
  * The protocol is described at the top of tcache.c and ptrmap.c. */
 #ifndef GPUMEM_TCACHE_H
 #define GPUMEM_TCACHE_H
