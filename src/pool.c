@@ -161,7 +161,9 @@ struct gpumem__pool {
   gpumem_stats st;
   gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
   /* Single-stream expandable pools ("solo", see free_locked): */
-  int solo;                    /* SOLO_*: no stream yet, one stream (solo_s), several (or a plain pool) */
+  int solo;                    /* SOLO_*: no stream yet, one stream warming up (solo_s, events as usual),
+                                * one stream (solo_s), several (or a plain pool) */
+  unsigned solo_frees;         /* SOLO_WARM: frees on solo_s so far */
   gpumem_stream solo_s;
   gpumem__srec *solo_r;        /* solo_s's record */
   int dirty;                   /* READY may hold blocks freed on solo_s whose work is still pending */
@@ -177,7 +179,13 @@ struct gpumem__pool {
   int g_wait;                  /* it may wait for the device */
 };
 
-enum { SOLO_NONE = 0, SOLO_ONE = 1, SOLO_MANY = 2 };
+enum { SOLO_NONE = 0, SOLO_ONE = 1, SOLO_MANY = 2, SOLO_WARM = 3 };
+/* Frees on the first stream, with no other stream seen, before the pool stops recording events
+ * at frees (SOLO_WARM -> SOLO_ONE). Until then a free gets its event as in any pool, so a block
+ * freed on S is reused by another stream T as soon as S's work completes (a short program, or
+ * one that soon adds streams, never notices solo mode); after it, blocks S freed before T came
+ * wait for S's next call or a device synchronisation. */
+#define SOLO_WARM_FREES 256
 
 /* ---------------------------------------------------------------------- */
 /* Small helpers                                                           */
@@ -726,8 +734,10 @@ static int pool_pending_blocks(const gpumem__pool *p) {
 
 static int pool_pending(const gpumem__pool *p) { return p->dirty || pool_pending_blocks(p); }
 
-/* Single-stream expandable pools ("solo"). While an expandable pool has
- * seen one stream S only, a free on S puts the block straight into READY
+/* Single-stream expandable pools ("solo"). Once an expandable pool has
+ * seen SOLO_WARM_FREES frees on one stream S and no other stream (before
+ * that, frees get their events as in any pool), a free on S puts the block
+ * into S's index and, when the search wants it, straight into READY
  * (coalescing with every free neighbour): S may reuse it at once, and there
  * is no other stream to keep it from. No event is recorded or asked: in the
  * steady state of a single-stream program the pool makes no backend call at
@@ -818,9 +828,14 @@ static void solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
   if (p->solo == SOLO_NONE) {
     gpumem__srec *r = srec_get(p, stream);
     if (r == NULL) return; /* no host memory: stays undecided, frees take the usual path */
-    p->solo = SOLO_ONE;
+    p->solo = SOLO_WARM;
     p->solo_s = stream;
     p->solo_r = r;
+    p->solo_frees = 0;
+    return;
+  }
+  if (p->solo == SOLO_WARM) { /* a second stream before the first one's frees went without events */
+    p->solo = SOLO_MANY;
     return;
   }
   if (p->solo == SOLO_ONE) {
@@ -832,7 +847,7 @@ static void solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
 }
 
 static inline void solo_note(gpumem__pool *p, gpumem_stream stream) {
-  if (p->solo == SOLO_MANY || (p->solo == SOLO_ONE && stream == p->solo_s)) return;
+  if (p->solo == SOLO_MANY || (p->solo != SOLO_NONE && stream == p->solo_s)) return;
   solo_note_slow(p, stream);
 }
 
@@ -1646,6 +1661,7 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
   b->tag = NULL;
   if (p->vm != NULL) {
     solo_note(p, stream);
+    if (p->solo == SOLO_WARM && stream == p->solo_s && ++p->solo_frees >= SOLO_WARM_FREES) p->solo = SOLO_ONE;
     if (p->solo == SOLO_ONE && stream == p->solo_s) {
       /* one stream so far: no event (see "Single-stream expandable pools") */
       gpumem__srec *r = p->solo_r;
