@@ -265,7 +265,7 @@ static gpumem_status free_checked(gpumem_context *ctx, void *ptr, gpumem_stream 
 
 gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   /* a block this thread's cache handed out, claimed without the index (tcache.h) */
-  if (GPUMEM__LIKELY(gpumem__tc_fast_free(ctx, ptr, stream))) return GPUMEM_OK; /* (NULL: no entry matches) */
+  if (GPUMEM__LIKELY(ptr != NULL) && GPUMEM__LIKELY(gpumem__tc_fast_free(ctx, ptr, stream))) return GPUMEM_OK;
   return free_checked(ctx, ptr, stream);
 }
 

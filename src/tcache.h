@@ -35,13 +35,16 @@ typedef struct gpumem__tc_bin {
  * rekey clears them (a pool reset frees block structs only after flushing
  * every cache under its lock). */
 typedef struct gpumem__tc_own {
-  uintptr_t key;               /* GPUMEM__TC_OWN_EMPTY = empty (never a block address: those are 256-aligned) */
+  uintptr_t key;               /* GPUMEM__TC_OWN_EMPTY = empty */
   gpumem__block *b;
   uint64_t state;
   size_t bsize;
   struct gpumem__tc_bin *bin;  /* the bin of bsize */
 } gpumem__tc_own;
-#define GPUMEM__TC_OWN_EMPTY ((uintptr_t)1) /* not 0: a free of NULL then finds no entry */
+/* An empty slot's key: 0, which no call can match, since gpumem_free tests ptr != NULL before the
+ * inlined hit. (Any other value could be passed by a caller; an empty slot keeps the block pointer
+ * and state it had, and a block remembered before a flush may still be live in that state.) */
+#define GPUMEM__TC_OWN_EMPTY ((uintptr_t)0)
 
 typedef struct gpumem__tc {
   atomic_int busy;             /* the spinlock */
@@ -165,8 +168,9 @@ static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t siz
 }
 
 /* 1: a block this cache handed out, freed into it. 0: nothing changed, take the full path.
- * Runs before any argument check: only a pointer this cache remembers can match (never NULL),
- * and only on the (ctx, stream) the cache is keyed to. */
+ * ptr != NULL (the caller tests it: an empty slot's key is 0). Runs before the other argument
+ * checks: only a pointer this cache remembers can match, and only on the (ctx, stream) the
+ * cache is keyed to. */
 static inline int gpumem__tc_fast_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = gpumem__tls_tc;
   uintptr_t key = (uintptr_t)ptr;

@@ -91,6 +91,32 @@ static void test_bad_arguments_with_warm_cache(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* ---- garbage pointers never match an empty or stale slot ------------------------------------ */
+
+static void test_garbage_pointers_with_warm_cache(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  warm(ctx);
+  void *live;
+  assert_status(gpumem_alloc(ctx, 0, SZ, NULL, &live), GPUMEM_OK); /* remembered */
+  /* a trim flushes the cache: its slots are emptied while `live` stays live in its remembered state */
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  gpumem_stats before = tu_stats(ctx, 0);
+  for (uintptr_t v = 1; v < 8192; v++)
+    assert_status(gpumem_free(ctx, (void *)v, NULL), GPUMEM_ERR_INVALID_POINTER);
+  for (uintptr_t v = 1; v < 512; v++)
+    assert_status(gpumem_free(ctx, (char *)live + v, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_free(ctx, (void *)UINTPTR_MAX, NULL), GPUMEM_ERR_INVALID_POINTER);
+  gpumem_stats after = tu_stats(ctx, 0);
+  tu_assert_stats_equal(&before, &after);
+  size_t req = 0;
+  assert_status(gpumem_ptr_info(ctx, live, &req, NULL), GPUMEM_OK);
+  assert_int_equal(req, SZ);
+  assert_status(gpumem_free(ctx, live, NULL), GPUMEM_OK);
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 /* ---- a stale memory: the block was freed by another thread and handed out again --------------- */
 
 typedef struct hop {
@@ -250,6 +276,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_double_free_after_hit, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_arguments_with_warm_cache, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_garbage_pointers_with_warm_cache, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_stale_memory, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_race_with_remembering_thread, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_reset_drops_memories, tu_setup, tu_teardown),
