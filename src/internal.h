@@ -277,6 +277,10 @@ static inline uint64_t gpumem__ptrmap_hash(uintptr_t key) {
   x ^= x >> 32;
   return x;
 }
+/* The shard of hash h: the low bits (gpumem__ptrmap_home uses the high ones). */
+static inline gpumem__ptrmap_shard *gpumem__ptrmap_shard_of(gpumem__ptrmap *m, uint64_t h) {
+  return &m->shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
+}
 void gpumem__ptrmap_lock_slow(gpumem__ptrmap_shard *s);
 /* Shard lock: a spinlock (exchange to take, release-store to give back, yield
  * after a few spins); held only for a probe, never across another lock. */

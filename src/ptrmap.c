@@ -28,10 +28,6 @@ void gpumem__ptrmap_lock_slow(gpumem__ptrmap_shard *s) {
   }
 }
 
-static inline gpumem__ptrmap_shard *shard_of(gpumem__ptrmap *m, uint64_t h) {
-  return &m->shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
-}
-
 int gpumem__ptrmap_init(gpumem__ptrmap *m) {
   for (int i = 0; i < GPUMEM__PTRMAP_SHARDS; i++) {
     gpumem__ptrmap_shard *s = &m->shards[i];
@@ -70,7 +66,7 @@ static int grow(gpumem__ptrmap_shard *s) {
 static inline int need_grow(const gpumem__ptrmap_shard *s) { return (s->count + 1) * 2 > s->cap; }
 
 int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
-  gpumem__ptrmap_shard *s = shard_of(m, gpumem__ptrmap_hash(key));
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, gpumem__ptrmap_hash(key));
   gpumem__ptrmap_lock(s);
   int rc = 0;
   if (need_grow(s)) rc = grow(s);
@@ -80,7 +76,7 @@ int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
 
 int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool) {
   uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
   if (need_grow(s) && grow(s) != 0) {
     gpumem__ptrmap_unlock(s);
@@ -102,8 +98,6 @@ static size_t find(gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
   return e == NULL ? SIZE_MAX : (size_t)(e - s->slots);
 }
 
-static inline int is_cached(const gpumem__block *b) { return gpumem__block_cached(b); }
-
 /* Claim a live block for a free: even -> even + 2, so that a thread cache
  * remembering the value cannot claim it too. 0 when it is cached, or a
  * thread cache claimed it first. Shard lock held. */
@@ -115,10 +109,10 @@ static inline int claim_live(gpumem__block *b) {
 
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key) {
   uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
-  gpumem__pool *p = i == SIZE_MAX || is_cached(s->slots[i].block) ? NULL : s->slots[i].pool;
+  gpumem__pool *p = i == SIZE_MAX || gpumem__block_cached(s->slots[i].block) ? NULL : s->slots[i].pool;
   gpumem__ptrmap_unlock(s);
   return p;
 }
@@ -128,7 +122,7 @@ static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i);
 
 gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any) {
   uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
   if (i == SIZE_MAX || s->slots[i].pool != pool || (!any && !claim_live(s->slots[i].block))) {
@@ -174,10 +168,10 @@ void gpumem__ptrmap_erase_locked(gpumem__ptrmap_shard *s, gpumem__ptrmap_entry *
 
 int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
   uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
-  if (i == SIZE_MAX || is_cached(s->slots[i].block)) {
+  if (i == SIZE_MAX || gpumem__block_cached(s->slots[i].block)) {
     gpumem__ptrmap_unlock(s);
     return -1;
   }
@@ -192,7 +186,7 @@ int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int
 
 int gpumem__ptrmap_contains(gpumem__ptrmap *m, uintptr_t key, const gpumem__block *b, const gpumem__pool *pool) {
   uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = shard_of(m, h);
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
   size_t i = find(s, key, h);
   int ok = i != SIZE_MAX && s->slots[i].block == b && s->slots[i].pool == pool;

@@ -251,7 +251,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
     gpumem__tc_lock(c);
     gpumem__block *b = acct->last;
-    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream && b->addr == (uintptr_t)*out)
+    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream)
       gpumem__tc_remember(c, b, acct->last_state, b->size, gpumem__tc_bin_of(c, b->size));
     acct->last = NULL;
     gpumem__tc_unlock(c);
@@ -264,7 +264,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
   uintptr_t key = (uintptr_t)ptr;
   uint64_t h = gpumem__ptrmap_hash(key);
-  gpumem__ptrmap_shard *s = &ctx->map.shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
+  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(&ctx->map, h);
   gpumem__tc_lock(c);
   /* one look-up in the index claims the live block either way: kept in this cache (even -> odd,
    * the entry stays) or taken out of the index for its pool (even -> even + 2, the entry goes) */
