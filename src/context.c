@@ -225,10 +225,19 @@ static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size,
 
 /* The one allocation path: the thread cache's hit inline (it matches only arguments it was keyed
  * to, which passed these checks then: tcache.h), then every check and the full path. */
-static inline gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+static __attribute__((noinline)) gpumem_status alloc_near(gpumem_context *ctx, int device, size_t size,
+                                                           gpumem_stream stream, const char *tag, void **out_ptr) {
+  if (gpumem__tc_near_hit(size, tag, out_ptr)) return GPUMEM_OK;
+  return alloc_checked(ctx, device, size, stream, tag, out_ptr);
+}
+
+static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
                                        const char *tag, void **out_ptr) {
-  if (GPUMEM__LIKELY(out_ptr != NULL) && GPUMEM__LIKELY(gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr)))
-    return GPUMEM_OK;
+  if (GPUMEM__LIKELY(out_ptr != NULL)) {
+    int hit = gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr);
+    if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
+    if (hit < 0) return alloc_near(ctx, device, size, stream, tag, out_ptr); /* the cache stays locked for it */
+  }
   return alloc_checked(ctx, device, size, stream, tag, out_ptr);
 }
 

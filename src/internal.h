@@ -225,6 +225,8 @@ void gpumem__pool_free_block(gpumem__pool *pool, gpumem__block *b, gpumem_stream
 void gpumem__pool_put_cached(gpumem__pool *pool, gpumem__tc_acct *acct, gpumem__block **blocks, size_t n,
                              gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
                              uint64_t *d_frees);
+/** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). The pool lock is not needed. */
+uint64_t gpumem__pool_tc_budget(const gpumem__pool *pool);
 /** Raise the allocated peak to the pool's allocated bytes minus acct->cached; renew acct->headroom. */
 void gpumem__pool_tc_peak(gpumem__pool *pool, gpumem__tc_acct *acct);
 /** The pool lock and statistics, for the thread caches' exact reads (tcache.c). */

@@ -42,6 +42,7 @@
  * out-of-memory callback is called with no lock held.
  */
 #include "internal.h"
+#include "tcache.h"
 #include "vmseg.h"
 
 #include <stdlib.h>
@@ -1428,6 +1429,11 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       clean_only = p->quarantine && stream != p->solo_s;
       goto search;
     }
+    if (p->nogrow && (b == NULL || need > 0)) {
+      /* the caller's thread cache flushes and asks again: its blocks may make the new memory unneeded */
+      p->grow_blocked = 1;
+      return GPUMEM_ERR_BUSY;
+    }
     if (b == NULL) {
       gpumem_status st = vm_seg_open(p, rsize, rcls, &b);
       if (st != GPUMEM_OK) return st;
@@ -1666,7 +1672,9 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
       /* one stream so far: no event (see "Single-stream expandable pools") */
       gpumem__srec *r = p->solo_r;
       b->fseq = ++r->seq;
-      insert_coalesce(p, r->idx, b);
+      insert_coalesce(p, p->ready, b);
+      p->dirty = 1;
+      p->dirty_seq++;
       return;
     }
     if (p->quarantine) quarantine_step(p, stream, named);
@@ -1741,6 +1749,16 @@ void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
   if (cur > p->st.allocated_peak) p->st.allocated_peak = cur;
   uint64_t room = p->st.allocated_peak - cur;
   acct->headroom = room < acct->cached ? room : acct->cached;
+}
+
+uint64_t gpumem__pool_tc_budget(const gpumem__pool *p) {
+  /* a 64th of what the device may hold (its total, or the limit), and no more than the pool itself
+   * may keep cached: a thread cache's blocks are cached memory the threshold does not see */
+  uint64_t base = p->limit != 0 && (p->total == 0 || p->limit < p->total) ? p->limit : p->total;
+  uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
+  if (b > GPUMEM__TC_MAX_BYTES) b = GPUMEM__TC_MAX_BYTES;
+  if (b > p->ctx->opt.release_threshold) b = p->ctx->opt.release_threshold;
+  return b;
 }
 
 gpumem__mutex *gpumem__pool_mutex(gpumem__pool *p) { return &p->lock; }

@@ -1,18 +1,24 @@
 /* tcache.c: per-thread caches in front of the pools (issue 4).
  *
  * Each thread that allocates or frees gets one cache, keyed by (context,
- * pool, stream). A free on S of a block of that pool, up to GPUMEM__TC_MAX_SIZE,
- * claims the block (its state word goes even -> odd by compare-and-swap, so
- * of two threads freeing one pointer exactly one wins and a later free of it
- * is rejected) and keeps it in a bin of its exact block size; its pointer-index
- * entry stays, marked not live. An alloc on S of that rounded size pops it
- * (odd -> even): no index operation either way, no pool lock. The claim
+ * pool, stream). A free on S of a block of that pool, up to GPUMEM__TC_MAX_SIZE
+ * (the pool's small class, whose segments large blocks never share: cached blocks
+ * pin no space a large request could use), claims the block (its state word goes
+ * even -> odd by compare-and-swap, so of two threads freeing one pointer exactly
+ * one wins and a later free of it is rejected) and keeps it in the bin of its
+ * size class (8 per power of two, GPUMEM__TC_BIN_CAP blocks each); its
+ * pointer-index entry stays, marked not live. An alloc on S takes the smallest
+ * cached block of its rounded size up to 12.5 % more (odd -> even; the inlined
+ * hit in tcache.h: the last block of the class when it has exactly that size;
+ * else near_fit): no index operation either way, no pool lock. The claim
  * finds the block through the index (gpumem__tc_free, under the shard lock),
  * or, for a block this cache handed out itself, through the cache's memory
- * of it (tcache.h, no shared lock at all). A miss on the exact size takes
- * the smallest cached block of up to 12.5 % more (near_fit). A flush removes
- * its cached blocks' entries and gives the blocks to the pool, and forgets
- * what the cache remembered.
+ * of it (tcache.h, no shared lock at all). A cache holds at most
+ * gpumem__pool_tc_budget bytes (64 MiB, less on small devices or with a low
+ * release threshold), and is flushed before its pool would map or grow for
+ * this thread (the pool's nogrow): its blocks, coalesced, may serve instead.
+ * A flush removes its cached blocks' entries and gives the blocks to the
+ * pool, and forgets what the cache remembered.
  * Stream order: the cache only ever serves the stream the block was freed
  * on. Cached blocks are live for the pool; statistics are the pool's
  * adjusted by every cache's counters, read under every cache lock.
@@ -61,9 +67,9 @@ static void flush_locked(gpumem__tc *c, int named) {
   own_clear(c); /* the blocks it remembers may be reset or of another pool next */
   if (c->pool == NULL) return;
   if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
-  gpumem__block *all[GPUMEM__TC_BINS * GPUMEM__TC_BIN_CAP];
+  gpumem__block *all[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
   size_t n = 0;
-  for (int i = 0; i < GPUMEM__TC_BINS; i++) {
+  for (int i = 0; i < GPUMEM__TC_CLASSES; i++) {
     gpumem__tc_bin *bn = &c->bins[i];
     while (bn->n > 0) {
       gpumem__block *b = bn->b[--bn->n];
@@ -97,6 +103,7 @@ static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem
   c->stream = stream;
   c->acct.cached = 0;
   c->acct.headroom = 0;
+  c->budget = gpumem__pool_tc_budget(p);
   c->misses = 0;
 }
 
@@ -177,22 +184,49 @@ static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_
   if (c->acct.cached == 0 || ++c->misses >= TC_REKEY_MISSES) tc_rekey(c, ctx, p, stream);
 }
 
-/* No block of exactly rsize: the bin of the smallest cached block of rsize .. rsize + rsize / 8
- * (at most 12.5 % more than asked, like a size class), or NULL. Requests of random sizes rarely
- * find their exact size again; a near one spares the pool path (about 1,500 instructions and,
- * on a GPU, often an event call) for a bounded waste. Cache lock held. */
-static gpumem__tc_bin *near_fit(gpumem__tc *c, size_t rsize) {
+/* The smallest cached block of rsize .. rsize + rsize / 8 (at most 12.5 % more than asked, like a
+ * size class): its bin, and its place there in *at; or NULL. Such blocks are in rsize's class or
+ * the two above it, and every block of a class is smaller than every block of the next: the first
+ * of those bins that has one holds the smallest. Requests of random sizes rarely find their exact
+ * size again; a near one spares the pool path (several hundred instructions and, on a GPU, at times
+ * an event call) for a bounded waste. Cache lock held, rsize <= GPUMEM__TC_MAX_SIZE. */
+static gpumem__tc_bin *near_fit(gpumem__tc *c, size_t rsize, unsigned *at) {
   if (c->acct.cached < rsize) return NULL; /* no cached block is that large */
-  size_t hi = rsize + rsize / 8;
-  gpumem__tc_bin *best = NULL;
-  for (gpumem__tc_bin *bn = c->bins; bn < c->bins + GPUMEM__TC_BINS; bn++) {
-    size_t sz = bn->size; /* (stale while n == 0) */
-    if (sz >= rsize && sz <= hi && bn->n > 0) {
-      best = bn;
-      hi = sz; /* only a smaller one can win now */
+  const size_t hi = rsize + rsize / 8;
+  unsigned k = gpumem__tc_class(rsize);
+  gpumem__tc_bin *bn = c->bins + k, *end = c->bins + (k + 3u < GPUMEM__TC_CLASSES ? k + 3u : GPUMEM__TC_CLASSES);
+  for (; bn < end; bn++) {
+    unsigned n = bn->n, best = n;
+    size_t bs = hi + 1u;
+    for (unsigned j = 0; j < n; j++) {
+      size_t sz = bn->sz[j];
+      if (sz >= rsize && sz < bs) {
+        best = j;
+        bs = sz;
+      }
+    }
+    if (best < n) {
+      *at = best;
+      return bn;
     }
   }
-  return best;
+  return NULL;
+}
+
+int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
+  gpumem__tc *c = gpumem__tls_tc;
+  size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size <= GPUMEM__TC_MAX_SIZE */
+  unsigned at = 0;
+  gpumem__tc_bin *bn = size != 0 ? near_fit(c, rsize, &at) : NULL;
+  if (bn != NULL && bn->sz[at] <= c->acct.headroom) {
+    c->acct.headroom -= bn->sz[at];
+    gpumem__block *b = gpumem__tc_pop(c, bn, at, size, tag);
+    gpumem__tc_unlock(c);
+    *out = (void *)b->addr;
+    return 1;
+  }
+  gpumem__tc_unlock(c);
+  return 0;
 }
 
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
@@ -209,11 +243,10 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     flushes = c->flushes;
     if (size <= GPUMEM__TC_MAX_SIZE) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
-      gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
-      if (!(bn->n > 0 && bn->size == rsize)) bn = near_fit(c, rsize);
+      unsigned at = 0;
+      gpumem__tc_bin *bn = near_fit(c, rsize, &at);
       if (bn != NULL) {
-        /* (the inlined hit in gpumem_alloc took every exact case but this headroom one) */
-        gpumem__block *b = gpumem__tc_pop(c, bn, size, tag);
+        gpumem__block *b = gpumem__tc_pop(c, bn, at, size, tag);
         if (b->size <= c->acct.headroom) {
           c->acct.headroom -= b->size;
         } else {
@@ -251,7 +284,8 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
     gpumem__tc_lock(c);
     gpumem__block *b = acct->last;
-    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream)
+    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream &&
+        b->size <= GPUMEM__TC_MAX_SIZE)
       gpumem__tc_remember(c, b, acct->last_state, b->size, gpumem__tc_bin_of(c, b->size));
     acct->last = NULL;
     gpumem__tc_unlock(c);
@@ -282,9 +316,8 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   }
   gpumem__pool *p = e->pool;
   size_t bsize = b->size;
-  gpumem__tc_bin *bn = gpumem__tc_bin_of(c, bsize);
-  int keep = c->ctx == ctx && c->stream == stream && p == c->pool && bsize <= GPUMEM__TC_MAX_SIZE &&
-             gpumem__tc_fits(c, bn, bsize);
+  gpumem__tc_bin *bn = bsize <= GPUMEM__TC_MAX_SIZE ? gpumem__tc_bin_of(c, bsize) : NULL;
+  int keep = bn != NULL && c->ctx == ctx && c->stream == stream && p == c->pool && gpumem__tc_fits(c, bn, bsize);
   /* a thread cache that remembered the block may claim it without the shard lock: the swap decides */
   if (!atomic_compare_exchange_strong_explicit(&b->state, &state, state + (keep ? 1u : 2u), memory_order_acq_rel,
                                                memory_order_acquire)) {
@@ -315,7 +348,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
     gpumem__tc_lock(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
-      for (int i = 0; i < GPUMEM__TC_BINS; i++) n += c->bins[i].n;
+      for (int i = 0; i < GPUMEM__TC_CLASSES; i++) n += c->bins[i].n;
       flush_locked(c, 0);
       if (detach) tc_detach(c);
     }

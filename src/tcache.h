@@ -16,15 +16,17 @@
 #include <sched.h>
 
 #define GPUMEM__TC_MAX_SIZE ((size_t)1 << 20)   /* block sizes cached: up to 1 MiB */
-#define GPUMEM__TC_BINS 32                      /* direct-mapped by block size */
-#define GPUMEM__TC_BIN_CAP 8                    /* blocks per bin */
-#define GPUMEM__TC_MAX_BYTES ((uint64_t)4 << 20) /* bytes per cache */
+#define GPUMEM__TC_CLASSES 81                   /* size classes: gpumem__tc_class(GPUMEM__TC_MAX_SIZE) + 1 */
+#define GPUMEM__TC_BIN_CAP 8                    /* blocks per class */
+#define GPUMEM__TC_MAX_BYTES ((uint64_t)64 << 20) /* bytes per cache, at most (gpumem__pool_tc_budget) */
 #define GPUMEM__TC_OWN_LOG 5
 #define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache handed out that it remembers */
 
+/* The cached blocks of one size class: their sizes (any in the class) and the blocks, the most
+ * recently freed last. */
 typedef struct gpumem__tc_bin {
-  size_t size; /* block size held (valid while n > 0) */
   unsigned n;
+  size_t sz[GPUMEM__TC_BIN_CAP];
   gpumem__block *b[GPUMEM__TC_BIN_CAP];
 } gpumem__tc_bin;
 
@@ -53,12 +55,13 @@ typedef struct gpumem__tc {
   gpumem_stream stream;        /* key */
   gpumem__pool *pool;
   gpumem__tc_acct acct;        /* cached bytes, headroom (see internal.h); cached == 0 iff no block cached */
+  uint64_t budget;             /* cached bytes at most (gpumem__pool_tc_budget of pool, set when keyed) */
   int64_t d_req;               /* counters not yet in the pool's statistics (live = allocs - frees) */
   uint64_t d_allocs, d_frees;
   unsigned misses;
   unsigned flushes;            /* flush_locked calls (tcache.c: a block from the pool is remembered only if none came between) */
   struct gpumem__tc *prev, *next; /* g_reg list */
-  gpumem__tc_bin bins[GPUMEM__TC_BINS];
+  gpumem__tc_bin bins[GPUMEM__TC_CLASSES];
   gpumem__tc_own own[GPUMEM__TC_OWN];
 } gpumem__tc;
 
@@ -88,9 +91,18 @@ static inline int gpumem__tc_trylock(gpumem__tc *c) {
   return atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0;
 }
 
-static inline gpumem__tc_bin *gpumem__tc_bin_of(gpumem__tc *c, size_t bsize) {
-  return &c->bins[(uint32_t)((bsize >> 8) * 0x9E3779B1u) >> 27];
+/* The size class of a block or rounded request of bsize <= GPUMEM__TC_MAX_SIZE bytes: in units of
+ * 256 B, exact below 8 units (2 KiB), then 8 classes per power of two (a class spans 12.5 % of its
+ * smallest size), as the pool's TLSF buckets. 64 KiB -> 48, 4 MiB -> 96. */
+static inline unsigned gpumem__tc_class(size_t bsize) {
+  size_t u = bsize >> 8;
+  /* s = log2(u) - 3, and 0 below 16 units: then u >> s is 8..15 (the class within its power of two,
+   * plus 8), or u itself below 8 */
+  unsigned s = (unsigned)(__builtin_clzll((unsigned long long)(u | 8u)) ^ 63) - 3u;
+  return (s << 3) + (unsigned)(u >> s);
 }
+
+static inline gpumem__tc_bin *gpumem__tc_bin_of(gpumem__tc *c, size_t bsize) { return &c->bins[gpumem__tc_class(bsize)]; }
 
 /* Where key is remembered (a multiplicative hash: block addresses share their low bits). */
 static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
@@ -108,11 +120,16 @@ static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t
   o->bin = bn;
 }
 
-/* Take a block of bin bn for a request of size (tag): live again. Cache lock held, bn->n > 0.
+/* Take block j of bin bn for a request of size (tag): live again. Cache lock held, j < bn->n.
  * The caller accounts the headroom. */
-static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, size_t size, const char *tag) {
-  gpumem__block *b = bn->b[--bn->n];
-  size_t bsize = bn->size;
+static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, unsigned j, size_t size,
+                                            const char *tag) {
+  unsigned n = bn->n - 1u;
+  gpumem__block *b = bn->b[j];
+  size_t bsize = bn->sz[j];
+  bn->b[j] = bn->b[n]; /* the last one fills the gap */
+  bn->sz[j] = bn->sz[n];
+  bn->n = n;
   b->requested = size;
   b->tag = tag;
   /* live again (odd -> even): a free or gpumem_ptr_info that sees the new state sees the fields above.
@@ -128,8 +145,10 @@ static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, s
 
 /* Keep the block b (just claimed: odd state) in bin bn. Cache lock held. */
 static inline void gpumem__tc_push(gpumem__tc *c, gpumem__tc_bin *bn, gpumem__block *b, size_t bsize) {
-  bn->size = bsize;
-  bn->b[bn->n++] = b;
+  unsigned n = bn->n;
+  bn->sz[n] = bsize;
+  bn->b[n] = b;
+  bn->n = n + 1u;
   c->misses = 0;
   c->acct.cached += bsize;
   c->acct.headroom += bsize;
@@ -137,41 +156,51 @@ static inline void gpumem__tc_push(gpumem__tc *c, gpumem__tc_bin *bn, gpumem__bl
   c->d_frees++;
 }
 
-/* 1 if a block of bsize may go into bin bn. Cache lock held. */
+/* 1 if a block of bsize may go into bin bn (the bin of its class). Cache lock held. */
 static inline int gpumem__tc_fits(const gpumem__tc *c, const gpumem__tc_bin *bn, size_t bsize) {
-  return bn->n < GPUMEM__TC_BIN_CAP && (bn->n == 0 || bn->size == bsize) &&
-         c->acct.cached + bsize <= GPUMEM__TC_MAX_BYTES;
+  return bn->n < GPUMEM__TC_BIN_CAP && c->acct.cached + bsize <= c->budget;
 }
 
-/* 1 and *out set: served from this thread's cache. 0: nothing changed, take the full path.
- * Runs before any argument check: a cache serves only the (ctx, dev, stream) it is keyed to,
- * which were valid when it was keyed. A NULL ctx matches only a detached cache, whose bins are
- * empty; a size of 0 finds no bin of its size; a forked child and
- * monitoring (ctx->mon) detach the caches (tcache.c, trace.c). */
-static inline int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream,
-                                        const char *tag, void **out) {
+/* 1 and *out set: served from this thread's cache (the block freed last in rsize's class, when it
+ * has exactly that size). 0: nothing changed, take the full path. -1: the cache is keyed to these
+ * arguments and stays locked: gpumem__tc_near_hit looks further (out of line, so that this path
+ * makes no call and saves no register). Runs before any argument check: a cache serves only the
+ * (ctx, dev, stream) it is keyed to, which were valid when it was keyed. A NULL ctx matches only a
+ * detached cache, whose bins are empty; a size of 0 finds no block (every block has 256 bytes or
+ * more); a forked child and monitoring (ctx->mon) detach the caches (tcache.c, trace.c). */
+static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size,
+                                                                       gpumem_stream stream, const char *tag,
+                                                                       void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
   size_t rsize = (size + 255) & ~(size_t)255;
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
-  gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
-  if (GPUMEM__LIKELY(bn->size == rsize && bn->n > 0 && c->ctx == ctx && c->dev == dev && c->stream == stream &&
-                     rsize <= c->acct.headroom)) {
-    gpumem__block *b = gpumem__tc_pop(c, bn, size, tag);
-    c->acct.headroom -= rsize;
-    gpumem__tc_unlock(c);
-    *out = (void *)b->addr;
-    return 1;
+  if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream)) {
+    gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
+    unsigned n = bn->n;
+    if (GPUMEM__LIKELY(n > 0 && bn->sz[n - 1u] == rsize && rsize <= c->acct.headroom)) {
+      c->acct.headroom -= rsize;
+      gpumem__block *b = gpumem__tc_pop(c, bn, n - 1u, size, tag);
+      gpumem__tc_unlock(c);
+      *out = (void *)b->addr;
+      return 1;
+    }
+    return -1;
   }
   gpumem__tc_unlock(c);
   return 0;
 }
 
+/* After gpumem__tc_fast_alloc returned -1 (the calling thread's cache is locked and keyed to the
+ * call): 1 and *out set when a cached block of size .. size + 12.5 % serves it, else 0 (nothing
+ * changed). Either way the cache is unlocked. */
+int gpumem__tc_near_hit(size_t size, const char *tag, void **out);
+
 /* 1: a block this cache handed out, freed into it. 0: nothing changed, take the full path.
  * ptr != NULL (the caller tests it: an empty slot's key is 0). Runs before the other argument
  * checks: only a pointer this cache remembers can match, and only on the (ctx, stream) the
  * cache is keyed to. */
-static inline int gpumem__tc_fast_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+static inline __attribute__((always_inline)) int gpumem__tc_fast_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = gpumem__tls_tc;
   uintptr_t key = (uintptr_t)ptr;
   gpumem__tc_own *o = gpumem__tc_own_of(c, key);
