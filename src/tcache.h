@@ -19,7 +19,7 @@
 #define GPUMEM__TC_CLASSES 81                   /* size classes: gpumem__tc_class(GPUMEM__TC_MAX_SIZE) + 1 */
 #define GPUMEM__TC_BIN_CAP 8                    /* blocks per class */
 #define GPUMEM__TC_MAX_BYTES ((uint64_t)64 << 20) /* bytes per cache, at most (gpumem__pool_tc_budget) */
-#define GPUMEM__TC_OWN_LOG 5
+#define GPUMEM__TC_OWN_LOG 9
 #define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache handed out that it remembers */
 
 /* The cached blocks of one size class: their sizes (any in the class) and the blocks, the most
