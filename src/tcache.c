@@ -329,6 +329,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   if (keep) {
     gpumem__ptrmap_unlock(s);
     gpumem__tc_push(c, bn, b, bsize);
+    c->misses = 0;
     gpumem__tc_unlock(c);
     return GPUMEM_OK;
   }

@@ -149,7 +149,6 @@ static inline void gpumem__tc_push(gpumem__tc *c, gpumem__tc_bin *bn, gpumem__bl
   bn->sz[n] = bsize;
   bn->b[n] = b;
   bn->n = n + 1u;
-  c->misses = 0;
   c->acct.cached += bsize;
   c->acct.headroom += bsize;
   c->d_req -= (int64_t)b->requested;
@@ -210,7 +209,8 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_free(gpumem_con
     gpumem__tc_bin *bn = o->bin;
     uint64_t state = o->state;
     gpumem__block *b = o->b;
-    o->key = GPUMEM__TC_OWN_EMPTY; /* claimed now, or no longer that allocation */
+    /* (the slot stays: once claimed, the block's state is no longer o->state, so the slot can
+     * match no later free; a pop remembers the block afresh, a flush empties every slot) */
     if (GPUMEM__LIKELY(gpumem__tc_fits(c, bn, bsize)) &&
         GPUMEM__LIKELY(atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
                                                                memory_order_relaxed))) {
