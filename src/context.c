@@ -210,9 +210,11 @@ const char *gpumem_backend_name(const gpumem_context *ctx) { return ctx != NULL 
 /* ---------------------------------------------------------------------- */
 /* Allocation                                                              */
 
-/* Every check of gpumem_alloc, then the full path. */
-static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
-                                   const char *tag, void **out_ptr) {
+/* Every check of gpumem_alloc, then the full path (looked: the calling thread's cache was searched
+ * for this call already, gpumem__tc_alloc). */
+static inline __attribute__((always_inline)) gpumem_status alloc_checked_(gpumem_context *ctx, int device, size_t size,
+                                                                          gpumem_stream stream, const char *tag,
+                                                                          void **out_ptr, int looked) {
   if (GPUMEM__UNLIKELY(ctx == NULL || out_ptr == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (GPUMEM__UNLIKELY(!valid_device(ctx, device))) return GPUMEM_ERR_INVALID_DEVICE;
@@ -220,17 +222,25 @@ static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size,
     *out_ptr = NULL;
     return GPUMEM_OK;
   }
-  return gpumem__alloc_slow(ctx, device, size, stream, tag, out_ptr);
+  return gpumem__alloc_slow(ctx, device, size, stream, tag, out_ptr, looked);
+}
+
+static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                   const char *tag, void **out_ptr) {
+  return alloc_checked_(ctx, device, size, stream, tag, out_ptr, 0);
+}
+
+/* gpumem__tc_fast_alloc found the calling thread's cache keyed to this call, and left it locked:
+ * a near fit, else every check and the full path, which does not search the cache again. */
+static __attribute__((noinline)) gpumem_status alloc_near(gpumem_context *ctx, int device, size_t size,
+                                                           gpumem_stream stream, const char *tag, void **out_ptr) {
+  int hit = gpumem__tc_near_hit(size, tag, out_ptr);
+  if (hit > 0) return GPUMEM_OK;
+  return alloc_checked_(ctx, device, size, stream, tag, out_ptr, hit == 0);
 }
 
 /* The one allocation path: the thread cache's hit inline (it matches only arguments it was keyed
  * to, which passed these checks then: tcache.h), then every check and the full path. */
-static __attribute__((noinline)) gpumem_status alloc_near(gpumem_context *ctx, int device, size_t size,
-                                                           gpumem_stream stream, const char *tag, void **out_ptr) {
-  if (gpumem__tc_near_hit(size, tag, out_ptr)) return GPUMEM_OK;
-  return alloc_checked(ctx, device, size, stream, tag, out_ptr);
-}
-
 static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
                                        const char *tag, void **out_ptr) {
   if (GPUMEM__LIKELY(out_ptr != NULL)) {
@@ -242,12 +252,12 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
 }
 
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
-                                 void **out_ptr) {
+                                 void **out_ptr, int looked) {
   gpumem__pool *p;
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
   if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
-    return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr);
+    return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr, looked);
   st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
   if (GPUMEM__MON_ON(ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
   return st;

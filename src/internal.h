@@ -355,15 +355,17 @@ struct gpumem_context {
 };
 
 /* ---------------------------------------------------------------------- */
-/* context.c: gpumem_alloc past the inlined thread-cache hit (pool creation, the cache's full path, monitoring) */
+/* context.c: gpumem_alloc past the inlined thread-cache hit (pool creation, the cache's full path, monitoring);
+ * looked: the calling thread's cache was searched for this call already (see gpumem__tc_alloc) */
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
-                                 void **out_ptr);
+                                 void **out_ptr, int looked);
 
 /* tcache.c: per-thread caches (used when ctx->tc_on and no monitoring hook is on) */
 
-/** Allocate through the calling thread's cache, else the pool (flushing every cache of p on out of memory). */
+/** Allocate through the calling thread's cache, else the pool (flushing every cache of p on out of memory).
+ *  looked: the cache was searched for this call (gpumem__tc_near_hit) and nothing has changed it since. */
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
-                               const char *tag, void **out);
+                               const char *tag, void **out, int looked);
 /** Free a non-NULL ptr into the calling thread's cache, else to its pool; validates like gpumem_free. */
 gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
 /** Give back every cached block of ctx (of pool p; NULL = all pools); detach: forget ctx. Returns blocks flushed. */

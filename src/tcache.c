@@ -226,11 +226,11 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
     return 1;
   }
   gpumem__tc_unlock(c);
-  return 0;
+  return bn != NULL ? -1 : 0;
 }
 
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
-                               const char *tag, void **out) {
+                               const char *tag, void **out, int looked) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   gpumem__tc_acct *acct = NULL;
@@ -241,7 +241,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     acct = &c->acct;
     acct->last = NULL;
     flushes = c->flushes;
-    if (size <= GPUMEM__TC_MAX_SIZE) {
+    /* (a look just made found nothing; only another thread's flush changed the cache since, and that
+     * emptied it) */
+    if (size <= GPUMEM__TC_MAX_SIZE && !looked) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
       unsigned at = 0;
       gpumem__tc_bin *bn = near_fit(c, rsize, &at);

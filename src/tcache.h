@@ -191,8 +191,10 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
 }
 
 /* After gpumem__tc_fast_alloc returned -1 (the calling thread's cache is locked and keyed to the
- * call): 1 and *out set when a cached block of size .. size + 12.5 % serves it, else 0 (nothing
- * changed). Either way the cache is unlocked. */
+ * call): 1 and *out set when a cached block of size .. size + 12.5 % serves it; else nothing
+ * changed, and 0 when no cached block fits (the full path need not look again), -1 when one fits
+ * but only the full path may take it (the allocated peak moves: gpumem__tc_alloc). Either way the
+ * cache is unlocked. */
 int gpumem__tc_near_hit(size_t size, const char *tag, void **out);
 
 /* 1: a block this cache handed out, freed into it. 0: nothing changed, take the full path.
