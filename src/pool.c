@@ -1768,13 +1768,11 @@ void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
 }
 
 uint64_t gpumem__pool_tc_budget(const gpumem__pool *p) {
-  /* a 64th of what the device may hold (its total, or the limit), and no more than the pool itself
-   * may keep cached: a thread cache's blocks are cached memory the threshold does not see */
+  /* a 64th of what the device may hold (its total, or the limit). (Thread caches are on only while
+   * the release threshold is unlimited, context.c: none holds memory a threshold would give back.) */
   uint64_t base = p->limit != 0 && (p->total == 0 || p->limit < p->total) ? p->limit : p->total;
   uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
-  if (b > GPUMEM__TC_MAX_BYTES) b = GPUMEM__TC_MAX_BYTES;
-  if (b > p->ctx->opt.release_threshold) b = p->ctx->opt.release_threshold;
-  return b;
+  return b < GPUMEM__TC_MAX_BYTES ? b : GPUMEM__TC_MAX_BYTES;
 }
 
 gpumem__mutex *gpumem__pool_mutex(gpumem__pool *p) { return &p->lock; }

@@ -14,8 +14,8 @@
  * finds the block through the index (gpumem__tc_free, under the shard lock),
  * or, for a block this cache handed out itself, through the cache's memory
  * of it (tcache.h, no shared lock at all). A cache holds at most
- * gpumem__pool_tc_budget bytes (64 MiB, less on small devices or with a low
- * release threshold), and is flushed before its pool would map or grow for
+ * gpumem__pool_tc_budget bytes (64 MiB; a 64th of a device or limit smaller
+ * than 4 GiB), and is flushed before its pool would map or grow for
  * this thread (the pool's nogrow): its blocks, coalesced, may serve instead.
  * A flush removes its cached blocks' entries and gives the blocks to the
  * pool, and forgets what the cache remembered.
