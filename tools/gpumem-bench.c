@@ -106,16 +106,6 @@ typedef struct row {
 static bench_allocator g_alloc[MAX_ALLOCATORS];
 static int g_nalloc;
 
-/* ---- random numbers (splitmix64) ------------------------------------------------ */
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
-
 /* ---- patterns ------------------------------------------------------------------ */
 
 /* returns ns per pair, or -1 on failure */
@@ -132,35 +122,14 @@ static double run_pairs(const bench_allocator *a, size_t size, size_t iters, gpu
   return (double)(tools_now_ns() - t0) / (double)iters;
 }
 
-typedef struct rand_op {
-  size_t size;  /* > 0: allocate; 0: free */
-  size_t index; /* free: index into the live array (swap-remove) */
-} rand_op;
-
-static rand_op *g_rops;
+static tools_rand_op *g_rops;
 static size_t g_nrops;
-#define RANDOM_MAX_LIVE 1000
+#define RANDOM_MAX_LIVE TOOLS_RANDOM_MAX_LIVE
 
 static int make_random_ops(size_t nops) {
-  g_rops = malloc(nops * sizeof *g_rops);
-  if (!g_rops) return -1;
+  g_rops = tools_random_ops(nops);
   g_nrops = nops;
-  uint64_t seed = 42;
-  size_t live = 0;
-  const double lo = log(256.0), hi = log(4.0 * 1024 * 1024);
-  for (size_t i = 0; i < nops; i++) {
-    int do_alloc = live == 0 || (live < RANDOM_MAX_LIVE && (rng_next(&seed) & 1));
-    if (do_alloc) {
-      g_rops[i].size = (size_t)exp(lo + (hi - lo) * rng_unit(&seed));
-      g_rops[i].index = 0;
-      live++;
-    } else {
-      g_rops[i].size = 0;
-      g_rops[i].index = (size_t)(rng_next(&seed) % live);
-      live--;
-    }
-  }
-  return 0;
+  return g_rops != NULL ? 0 : -1;
 }
 
 static double run_random(const bench_allocator *a) {
@@ -170,7 +139,7 @@ static double run_random(const bench_allocator *a) {
   int failed = 0;
   uint64_t t0 = tools_now_ns();
   for (size_t i = 0; i < g_nrops; i++) {
-    const rand_op *op = &g_rops[i];
+    const tools_rand_op *op = &g_rops[i];
     if (op->size) {
       if (a->alloc(a->self, op->size, NULL, &ptrs[live])) {
         failed = 1;

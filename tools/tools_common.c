@@ -1,6 +1,8 @@
 /* tools_common.c: timing, medians, JSON, trace reader, streams for the tools. */
 #include "tools_common.h"
 
+#include <math.h>
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -402,4 +404,35 @@ void tools_device_sync(const char *backend, int device) {
 #ifdef GPUMEM_HAVE_CUDA
   if (!strcmp(backend, "cuda")) tools_cuda_device_sync(device);
 #endif
+}
+
+/* ---- the random live set -------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+tools_rand_op *tools_random_ops(size_t nops) {
+  tools_rand_op *ops = malloc((nops > 0 ? nops : 1) * sizeof *ops);
+  if (ops == NULL) return NULL;
+  uint64_t seed = 42;
+  size_t live = 0;
+  const double lo = log(256.0), hi = log(4.0 * 1024 * 1024);
+  for (size_t i = 0; i < nops; i++) {
+    int do_alloc = live == 0 || (live < TOOLS_RANDOM_MAX_LIVE && (rng_next(&seed) & 1));
+    if (do_alloc) {
+      ops[i].size = (size_t)exp(lo + (hi - lo) * rng_unit(&seed));
+      ops[i].index = 0;
+      live++;
+    } else {
+      ops[i].size = 0;
+      ops[i].index = (size_t)(rng_next(&seed) % live);
+      live--;
+    }
+  }
+  return ops;
 }

@@ -29,6 +29,25 @@ void tools_json_string(FILE *f, const char *s);
 /** Set GPUMEM_SIM_DEVICES to `value` unless it is already set; returns 1 if it was set here. */
 int tools_default_sim_devices(const char *value);
 
+/* ---- the random live set (gpumem-bench's "random" pattern, bench-random) ---- */
+
+/** At most this many blocks live. */
+#define TOOLS_RANDOM_MAX_LIVE 1000
+
+/** One operation: size > 0 allocates that many bytes (pushed at the end of the live array);
+ *  size 0 frees live[index], and the last live block takes its place. */
+typedef struct tools_rand_op {
+  size_t size;
+  size_t index;
+} tools_rand_op;
+
+/**
+ * The fixed sequence of nops operations (splitmix64, seed 42): while fewer than
+ * TOOLS_RANDOM_MAX_LIVE blocks are live, allocate or free with equal odds (allocate when none
+ * is live); sizes log-uniform in 256 B .. 4 MiB. malloc()ed; NULL when out of host memory.
+ */
+tools_rand_op *tools_random_ops(size_t nops);
+
 /* ---- traces ------------------------------------------------------------ */
 
 /** One event of a trace, resolved at load time so that replay does no parsing or hashing. */
