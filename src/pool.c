@@ -1417,6 +1417,15 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       *out = b;
       return GPUMEM_OK;
     }
+    if (p->nogrow && (b == NULL || need > 0)) {
+      /* the caller's thread cache flushes and asks again: its blocks, coalesced, may make the mapping
+       * unneeded. (Only when new memory would be created, not when idle chunks would be moved, left
+       * the caches' blocks pinning granules: on the random live set of gpumem-bench, 4.5 event calls
+       * per 1000 operations against 1.5, more chunk moves, and higher replay peaks.) Before the wait
+       * below: the blocks given back may make it unneeded too. */
+      p->grow_blocked = 1;
+      return GPUMEM_ERR_BUSY;
+    }
     size_t avail = gpumem__vm_available(p->vm);
     if (b != NULL && !synced && need > avail && p->ctx->has_events && p->scount == 1 && r != NULL &&
         p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && pool_pending_blocks(p)) {
@@ -1437,14 +1446,6 @@ static gpumem_status vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gp
       r = srec_find(p, stream);
       clean_only = p->quarantine && stream != p->solo_s;
       goto search;
-    }
-    if (p->nogrow && (b == NULL || need > 0)) {
-      /* the caller's thread cache flushes and asks again: its blocks, coalesced, may make the mapping
-       * unneeded. (Only when new memory would be created, not when idle chunks would be moved, left
-       * the caches' blocks pinning granules: on the random live set of gpumem-bench, 4.5 event calls
-       * per 1000 operations against 1.2, more chunk moves, and higher replay peaks.) */
-      p->grow_blocked = 1;
-      return GPUMEM_ERR_BUSY;
     }
     if (b == NULL) {
       gpumem_status st = vm_seg_open(p, rsize, rcls, &b);
