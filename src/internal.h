@@ -199,7 +199,8 @@ static inline int gpumem__block_cached(const gpumem__block *b) {
 typedef struct gpumem__tc_acct {
   uint64_t cached;
   uint64_t headroom;
-  int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while cached > 0 (it returned GPUMEM_ERR_BUSY) */
+  int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while this or another thread cache of the pool
+                      * could hold blocks (it returned GPUMEM_ERR_BUSY) */
   gpumem__block *last;  /* set by gpumem__pool_alloc on success: the block handed out ... */
   uint64_t last_state;  /* ... and its state then (the cache remembers them, tcache.h) */
 } gpumem__tc_acct;
@@ -225,6 +226,9 @@ void gpumem__pool_free_block(gpumem__pool *pool, gpumem__block *b, gpumem_stream
 void gpumem__pool_put_cached(gpumem__pool *pool, gpumem__tc_acct *acct, gpumem__block **blocks, size_t n,
                              gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
                              uint64_t *d_frees);
+/** A thread cache was keyed to this pool (delta 1) or stopped being (-1), or (0) none changed; returns how many
+ *  are keyed to it now. Thread-safe. */
+int gpumem__pool_tc_keyed(gpumem__pool *pool, int delta);
 /** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). The pool lock is not needed. */
 uint64_t gpumem__pool_tc_budget(const gpumem__pool *pool);
 /** Raise the allocated peak to the pool's allocated bytes minus acct->cached; renew acct->headroom. */

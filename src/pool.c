@@ -156,7 +156,8 @@ struct gpumem__pool {
   gpumem__fidx *ffree;
   gpumem__batch *batch_free;
   uint64_t hungry;             /* misses that wanted other streams' free blocks (see stream_touch) */
-  int nogrow;                  /* this call's thread cache holds blocks: do not grow, let it flush first */
+  atomic_int tc_keyed;         /* thread caches keyed to this pool (gpumem__pool_tc_keyed) */
+  int nogrow;                  /* thread caches of this pool may hold blocks: do not grow, let them flush first */
   int grow_blocked;            /* ... and the call would have grown */
   size_t nmarks;               /* streams with a pending mark */
   gpumem_stats st;
@@ -1596,7 +1597,8 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       st = GPUMEM_ERR_OUT_OF_MEMORY; /* can never fit: no trimming, no callback */
       attempt = 1;
     } else {
-      p->nogrow = acct != NULL && acct->cached > 0;
+      /* the caller's cache holds blocks, or another thread's cache may */
+      p->nogrow = acct != NULL && (acct->cached > 0 || atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 1);
       st = alloc_locked(p, rsize, rcls, stream, &b);
       p->nogrow = 0;
       if (p->grow_blocked) {
@@ -1774,6 +1776,11 @@ uint64_t gpumem__pool_tc_budget(const gpumem__pool *p) {
   uint64_t base = p->limit != 0 && (p->total == 0 || p->limit < p->total) ? p->limit : p->total;
   uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
   return b < GPUMEM__TC_MAX_BYTES ? b : GPUMEM__TC_MAX_BYTES;
+}
+
+int gpumem__pool_tc_keyed(gpumem__pool *p, int delta) {
+  if (delta == 0) return atomic_load_explicit(&p->tc_keyed, memory_order_relaxed);
+  return atomic_fetch_add_explicit(&p->tc_keyed, delta, memory_order_relaxed) + delta;
 }
 
 gpumem__mutex *gpumem__pool_mutex(gpumem__pool *p) { return &p->lock; }

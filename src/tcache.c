@@ -83,9 +83,17 @@ static void flush_locked(gpumem__tc *c, int named) {
                           &c->d_frees);
 }
 
+/* The pool c is keyed to (NULL: none), counted in the pools (gpumem__pool_tc_keyed). Cache lock held. */
+static void tc_set_pool(gpumem__tc *c, gpumem__pool *p) {
+  if (c->pool == p) return;
+  if (c->pool != NULL) gpumem__pool_tc_keyed(c->pool, -1);
+  c->pool = p;
+  if (p != NULL) gpumem__pool_tc_keyed(p, +1);
+}
+
 static void tc_detach(gpumem__tc *c) {
   c->ctx = NULL;
-  c->pool = NULL;
+  tc_set_pool(c, NULL);
   c->acct.cached = 0;
   c->acct.headroom = 0;
 }
@@ -98,7 +106,7 @@ static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem
     return;
   }
   c->ctx = ctx;
-  c->pool = p;
+  tc_set_pool(c, p);
   c->dev = gpumem__pool_device(p);
   c->stream = stream;
   c->acct.cached = 0;
@@ -112,7 +120,7 @@ static void tc_destructor(void *arg) {
   pthread_mutex_lock(&g_reg);
   gpumem__tc_lock(c);
   if (c->ctx != NULL) flush_locked(c, 0);
-  c->ctx = NULL;
+  tc_detach(c);
   if (c->prev != NULL) c->prev->next = c->next;
   else g_list = c->next;
   if (c->next != NULL) c->next->prev = c->prev;
@@ -236,6 +244,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
   gpumem__tc_acct *acct = NULL;
   unsigned flushes = 0;
   gpumem__tc_lock(c);
+  /* keyed to another (context, pool, stream): an empty cache is rekeyed now, before the pool is asked
+   * (so that the pool sees it: see grow_blocked below), a full one after a few such calls */
+  if (!(c->ctx == ctx && c->pool == p && c->stream == stream)) tc_miss(c, ctx, p, stream);
   if (c->ctx == ctx && c->pool == p && c->stream == stream) {
     c->misses = 0;
     acct = &c->acct;
@@ -266,22 +277,23 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
   /* acct is read by the pool under its lock: only this thread, or a flush under the pool lock, changes it */
   gpumem_status st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
   if (acct != NULL && acct->grow_blocked) {
-    /* the pool would grow while this cache holds blocks: give them back first (plain segments: cached
-     * blocks pin pieces of segments; flushed, they coalesce and may serve this request) */
+    /* the pool would grow (or map) while this cache, or another thread's cache of the pool, may hold
+     * blocks: give them back first (cached blocks pin pieces of segments and granules; flushed, they
+     * coalesce and may serve this request). This cache's blocks go back as frees on this call's
+     * stream when that is theirs, the others' without naming theirs (their events wait for their
+     * streams' next calls, as at any rekey). */
     acct->grow_blocked = 0;
     gpumem__tc_lock(c);
     if (c->ctx == ctx && c->pool == p) flush_locked(c, c->stream == stream);
     gpumem__tc_unlock(c);
+    if (gpumem__pool_tc_keyed(p, 0) > 1) (void)gpumem__tc_flush(ctx, p, 0); /* the other threads' caches of p */
     st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
   if (st == GPUMEM_ERR_OUT_OF_MEMORY || st == GPUMEM_ERR_LIMIT_EXCEEDED) {
-    if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
+    /* every cache of p is empty after the flush (no grow_blocked can come back: acct NULL) */
+    if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
-  if (acct == NULL) {
-    gpumem__tc_lock(c);
-    tc_miss(c, ctx, p, stream);
-    gpumem__tc_unlock(c);
-  } else if (st == GPUMEM_OK && acct->last != NULL && size <= GPUMEM__TC_MAX_SIZE) {
+  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL && size <= GPUMEM__TC_MAX_SIZE) {
     /* remember the block, so that this thread's free of it claims it without the index; not when a
      * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
     gpumem__tc_lock(c);
@@ -343,6 +355,17 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   else tc_miss(c, ctx, p, stream);
   gpumem__tc_unlock(c);
   return GPUMEM_OK;
+}
+
+/* Tests (not API): the bytes the calling thread's cache holds. */
+uint64_t gpumem__tc_cached_bytes(void);
+uint64_t gpumem__tc_cached_bytes(void) {
+  gpumem__tc *c = gpumem__tls_tc;
+  if (c == &gpumem__tc_none) return 0;
+  gpumem__tc_lock(c);
+  uint64_t n = c->acct.cached;
+  gpumem__tc_unlock(c);
+  return n;
 }
 
 size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
