@@ -416,5 +416,7 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
  * Compiled in every build; tests may call it. Takes each pool lock in turn.
  */
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
+/** For tests (not API): the bytes the calling thread's cache holds (0 when it has none). */
+uint64_t gpumem__tc_cached_bytes(void);
 
 #endif /* GPUMEM_INTERNAL_H */

@@ -357,8 +357,6 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   return GPUMEM_OK;
 }
 
-/* Tests (not API): the bytes the calling thread's cache holds. */
-uint64_t gpumem__tc_cached_bytes(void);
 uint64_t gpumem__tc_cached_bytes(void) {
   gpumem__tc *c = gpumem__tls_tc;
   if (c == &gpumem__tc_none) return 0;
