@@ -225,15 +225,17 @@ static inline __attribute__((always_inline)) gpumem_status alloc_checked_(gpumem
   return gpumem__alloc_slow(ctx, device, size, stream, tag, out_ptr, looked);
 }
 
+/* (alloc_checked and alloc_near take out_ptr before tag: gpumem_alloc's tail calls to them then
+ * find it in the register it came in) */
 static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
-                                   const char *tag, void **out_ptr) {
+                                   void **out_ptr, const char *tag) {
   return alloc_checked_(ctx, device, size, stream, tag, out_ptr, 0);
 }
 
 /* gpumem__tc_fast_alloc found the calling thread's cache keyed to this call, and left it locked:
  * a near fit, else every check and the full path, which does not search the cache again. */
 static __attribute__((noinline)) gpumem_status alloc_near(gpumem_context *ctx, int device, size_t size,
-                                                           gpumem_stream stream, const char *tag, void **out_ptr) {
+                                                           gpumem_stream stream, void **out_ptr, const char *tag) {
   int hit = gpumem__tc_near_hit(size, tag, out_ptr);
   if (hit > 0) return GPUMEM_OK;
   return alloc_checked_(ctx, device, size, stream, tag, out_ptr, hit == 0);
@@ -246,9 +248,9 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
   if (GPUMEM__LIKELY(out_ptr != NULL)) {
     int hit = gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr);
     if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
-    if (hit < 0) return alloc_near(ctx, device, size, stream, tag, out_ptr); /* the cache stays locked for it */
+    if (hit < 0) return alloc_near(ctx, device, size, stream, out_ptr, tag); /* the cache stays locked for it */
   }
-  return alloc_checked(ctx, device, size, stream, tag, out_ptr);
+  return alloc_checked(ctx, device, size, stream, out_ptr, tag);
 }
 
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
