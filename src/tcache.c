@@ -57,6 +57,14 @@ void gpumem__tc_lock_slow(gpumem__tc *c) {
   }
 }
 
+/* A new (zeroed) cache: unlocked, empty, detached. */
+static void own_clear(gpumem__tc *c);
+static void tc_init(gpumem__tc *c) {
+  atomic_init(&c->busy, 0);
+  own_clear(c);
+  for (size_t u = 0; u <= GPUMEM__TC_MAX_SIZE >> 8; u++) c->class_of[u] = (uint8_t)gpumem__tc_class(u << 8);
+}
+
 static void own_clear(gpumem__tc *c) {
   for (int i = 0; i < GPUMEM__TC_OWN; i++) c->own[i].key = GPUMEM__TC_OWN_EMPTY;
 }
@@ -144,8 +152,7 @@ static void fork_child(void) {
     gpumem__tc *n = c->next;
     if (c == gpumem__tls_tc) {
       memset(c, 0, sizeof *c);
-      atomic_init(&c->busy, 0);
-      own_clear(c);
+      tc_init(c);
       g_list = c;
     } else {
       free(c);
@@ -172,8 +179,7 @@ static gpumem__tc *tc_self(void) {
   if (!g_key_ok) return NULL;
   c = calloc(1, sizeof *c);
   if (c == NULL) return NULL;
-  atomic_init(&c->busy, 0);
-  own_clear(c);
+  tc_init(c);
   if (pthread_setspecific(g_key, c) != 0) {
     free(c);
     return NULL;
