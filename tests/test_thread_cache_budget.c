@@ -17,15 +17,6 @@ uint64_t gpumem__tc_cached_bytes(void); /* src/tcache.c, for tests: the calling 
 
 enum { KB = 1024, MB = 1024 * 1024 };
 
-/* Under memcheck the caches are off (see test_thread_cache_near_fit.c): nothing to test. */
-#define REQUIRE_CACHES()                                                \
-  do {                                                                  \
-    if (tu_on_valgrind()) {                                             \
-      print_message("skipped: thread caches are off under memcheck\n"); \
-      skip();                                                           \
-    }                                                                   \
-  } while (0)
-
 static gpumem_context *ctx_with(int expandable) {
   gpumem_config cfg;
   tu_config(&cfg);
@@ -150,7 +141,7 @@ static uint64_t cached_after_freeing_all(const char *devices) {
 static void test_a_cache_holds_a_64th_of_the_device(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
-  REQUIRE_CACHES();
+  TU_REQUIRE_CACHES();
   uint64_t small = cached_after_freeing_all("512MiB");
   assert_true(small > 4 * MB && small <= 8 * MB);
   uint64_t all = 0;
@@ -164,7 +155,7 @@ static void test_a_cache_holds_a_64th_of_the_device(void **state) {
 static void test_other_threads_caches_flushed_before_growth(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
-  REQUIRE_CACHES();
+  TU_REQUIRE_CACHES();
   uint64_t g = growth_for_second_thread();
   assert_true(g < 8 * MB);
 }
@@ -175,7 +166,7 @@ static void test_other_threads_caches_flushed_before_growth(void **state) {
 static void test_cache_flushed_before_mapping(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
-  REQUIRE_CACHES();
+  TU_REQUIRE_CACHES();
   gpumem_context *ctx = ctx_with(1);
   /* 64 KiB * (1 + 2 + ... + 7) + 256 KiB = 2 MiB, in classes with room */
   static const size_t sz[] = {64 * KB, 128 * KB, 192 * KB, 256 * KB, 320 * KB, 384 * KB, 448 * KB, 256 * KB};

@@ -10,17 +10,6 @@ gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 
 enum { KB = 1024 };
 
-/* Under valgrind's memcheck the sim annotates every block, which turns the
- * monitoring hooks on, and while they are on the thread caches are off: the
- * pool serves every call, so there is nothing to test here. */
-#define REQUIRE_CACHES()                                                          \
-  do {                                                                            \
-    if (tu_on_valgrind()) {                                                       \
-      print_message("skipped: thread caches are off under memcheck\n");           \
-      skip();                                                                     \
-    }                                                                             \
-  } while (0)
-
 /* one block of `size` cached in this thread's cache; returns its address */
 static void *cache_one(gpumem_context *ctx, size_t size) {
   void *p;
@@ -31,7 +20,7 @@ static void *cache_one(gpumem_context *ctx, size_t size) {
 
 static void test_near_size_is_served_from_the_cache(void **state) {
   (void)state;
-  REQUIRE_CACHES();
+  TU_REQUIRE_CACHES();
   gpumem_context *ctx = tu_ctx_new(NULL);
   void *a = cache_one(ctx, 100 * KB);
   gpumem_stats before = tu_stats(ctx, 0);
@@ -58,7 +47,7 @@ static void test_near_size_is_served_from_the_cache(void **state) {
 
 static void test_outside_the_window_is_not(void **state) {
   (void)state;
-  REQUIRE_CACHES();
+  TU_REQUIRE_CACHES();
   gpumem_context *ctx = tu_ctx_new(NULL);
   void *a = cache_one(ctx, 100 * KB);
   void *p, *q;
@@ -79,7 +68,7 @@ static void test_outside_the_window_is_not(void **state) {
 
 static void test_smallest_fitting_block_wins(void **state) {
   (void)state;
-  REQUIRE_CACHES();
+  TU_REQUIRE_CACHES();
   gpumem_context *ctx = tu_ctx_new(NULL);
   void *big, *small, *x;
   assert_status(gpumem_alloc(ctx, 0, 112 * KB, NULL, &big), GPUMEM_OK);
