@@ -207,7 +207,7 @@ static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_
 static gpumem__tc_bin *near_fit(gpumem__tc *c, size_t rsize, unsigned *at) {
   if (c->acct.cached < rsize) return NULL; /* no cached block is that large */
   const size_t hi = rsize + rsize / 8;
-  unsigned k = gpumem__tc_class(rsize);
+  unsigned k = c->class_of[rsize >> 8];
   gpumem__tc_bin *bn = c->bins + k, *end = c->bins + (k + 3u < GPUMEM__TC_CLASSES ? k + 3u : GPUMEM__TC_CLASSES);
   for (; bn < end; bn++) {
     unsigned n = bn->n, best = n;

@@ -97,7 +97,8 @@ static inline int gpumem__tc_trylock(gpumem__tc *c) {
 
 /* The size class of a block or rounded request of bsize <= GPUMEM__TC_MAX_SIZE bytes: in units of
  * 256 B, exact below 8 units (2 KiB), then 8 classes per power of two (a class spans 12.5 % of its
- * smallest size), as the pool's TLSF buckets. 64 KiB -> 48, 4 MiB -> 96. */
+ * smallest size), as the pool's TLSF buckets. 64 KiB -> 48, 1 MiB -> 80. gpumem__tc.class_of holds it for
+ * every size. */
 static inline unsigned gpumem__tc_class(size_t bsize) {
   size_t u = bsize >> 8;
   /* s = log2(u) - 3, and 0 below 16 units: then u >> s is 8..15 (the class within its power of two,
