@@ -15,24 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-200000}
 SIZE=${2:-65536}
-BUILD=${BUILD:-build-tools}
-command -v valgrind >/dev/null || { echo "callgrind-pairs: valgrind not found (Debian: apt-get install valgrind)" >&2; exit 1; }
-bin=$BUILD/tools/bench-pairs
-if [ ! -x "$bin" ]; then
-  cmake -S . -B "$BUILD" -DGPUMEM_BUILD_TESTS=OFF >/dev/null
-  cmake --build "$BUILD" --target bench-pairs -j "$(nproc)" >/dev/null
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export GPUMEM_SIM_DEVICES=${GPUMEM_SIM_DEVICES:-1x141GiB}
-ir() { # total Ir of one run
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$1" "$bin" "$1" "$SIZE" >"$tmp/log.$1" 2>&1 ||
-    { cat "$tmp/log.$1" >&2; exit 1; }
-  awk '/^(summary|totals):/ { print $2; exit }' "$tmp/cg.$1"
-}
-ir1=$(ir "$N")
-ir2=$(ir "$((2 * N))")
-echo "build: $BUILD ($(grep -m1 '^CMAKE_BUILD_TYPE' "$BUILD/CMakeCache.txt" 2>/dev/null | cut -d= -f2))"
+. scripts/callgrind-lib.sh
+cg_prepare callgrind-pairs bench-pairs
+ir1=$(cg_ir "$N" "$SIZE")
+ir2=$(cg_ir "$((2 * N))" "$SIZE")
+cg_build_line
 echo "Ir(N=$N) = $ir1"
 echo "Ir(2N=$((2 * N))) = $ir2"
 awk -v a="$ir1" -v b="$ir2" -v n="$N" -v s="$SIZE" \

@@ -11,24 +11,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:-2}
-BUILD=${BUILD:-build-tools}
-command -v valgrind >/dev/null || { echo "callgrind-random: valgrind not found (Debian: apt-get install valgrind)" >&2; exit 1; }
-bin=$BUILD/tools/bench-random
-if [ ! -x "$bin" ]; then
-  cmake -S . -B "$BUILD" -DGPUMEM_BUILD_TESTS=OFF >/dev/null
-  cmake --build "$BUILD" --target bench-random -j "$(nproc)" >/dev/null
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export GPUMEM_SIM_DEVICES=${GPUMEM_SIM_DEVICES:-1x141GiB}
-ir() { # total Ir of one run
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$1" "$bin" "$1" >"$tmp/log.$1" 2>&1 ||
-    { cat "$tmp/log.$1" >&2; exit 1; }
-  awk '/^(summary|totals):/ { print $2; exit }' "$tmp/cg.$1"
-}
-ir1=$(ir "$P")
-ir2=$(ir "$((2 * P))")
-echo "build: $BUILD ($(grep -m1 '^CMAKE_BUILD_TYPE' "$BUILD/CMakeCache.txt" 2>/dev/null | cut -d= -f2))"
+. scripts/callgrind-lib.sh
+cg_prepare callgrind-random bench-random
+ir1=$(cg_ir "$P")
+ir2=$(cg_ir "$((2 * P))")
+cg_build_line
 echo "Ir(P=$P) = $ir1"
 echo "Ir(2P=$((2 * P))) = $ir2"
 awk -v a="$ir1" -v b="$ir2" -v p="$P" \
