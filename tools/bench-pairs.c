@@ -19,16 +19,9 @@ int main(int argc, char **argv) {
   }
   unsigned long long n = strtoull(argv[1], NULL, 10);
   size_t size = argc > 2 ? (size_t)strtoull(argv[2], NULL, 10) : (size_t)64 * 1024;
-  tools_default_sim_devices("1x141GiB");
-  gpumem_config cfg;
-  gpumem_config_init(&cfg);
-  cfg.backend = "sim";
-  gpumem_context *ctx;
-  gpumem_status st = gpumem_create(&cfg, &ctx);
-  if (st != GPUMEM_OK) {
-    fprintf(stderr, "bench-pairs: gpumem_create: %s\n", gpumem_status_name(st));
-    return 1;
-  }
+  gpumem_context *ctx = tools_sim_context("bench-pairs");
+  if (ctx == NULL) return 1;
+  gpumem_status st;
   void *p;
   /* warm-up: the first pair grows the pool */
   if (gpumem_alloc(ctx, 0, size, NULL, &p) != GPUMEM_OK || gpumem_free(ctx, p, NULL) != GPUMEM_OK) return 1;

@@ -25,17 +25,12 @@ int main(int argc, char **argv) {
   int passes = atoi(argv[1]);
   tools_rand_op *ops = tools_random_ops(NOPS);
   if (ops == NULL) return 1;
-  tools_default_sim_devices("1x141GiB");
-  gpumem_config cfg;
-  gpumem_config_init(&cfg);
-  cfg.backend = "sim";
-  gpumem_context *ctx;
-  gpumem_status st = gpumem_create(&cfg, &ctx);
-  if (st != GPUMEM_OK) {
-    fprintf(stderr, "bench-random: gpumem_create: %s\n", gpumem_status_name(st));
+  gpumem_context *ctx = tools_sim_context("bench-random");
+  if (ctx == NULL) {
     free(ops);
     return 1;
   }
+  gpumem_status st = GPUMEM_OK;
   static void *live[TOOLS_RANDOM_MAX_LIVE];
   for (int p = 0; p < passes; p++) {
     size_t n = 0;

@@ -406,6 +406,20 @@ void tools_device_sync(const char *backend, int device) {
 #endif
 }
 
+gpumem_context *tools_sim_context(const char *who) {
+  tools_default_sim_devices("1x141GiB");
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = "sim";
+  gpumem_context *ctx = NULL;
+  gpumem_status st = gpumem_create(&cfg, &ctx);
+  if (st != GPUMEM_OK) {
+    fprintf(stderr, "%s: gpumem_create: %s\n", who, gpumem_status_name(st));
+    return NULL;
+  }
+  return ctx;
+}
+
 /* ---- the random live set -------------------------------------------------------- */
 
 static uint64_t rng_next(uint64_t *s) { /* splitmix64 */

@@ -29,6 +29,10 @@ void tools_json_string(FILE *f, const char *s);
 /** Set GPUMEM_SIM_DEVICES to `value` unless it is already set; returns 1 if it was set here. */
 int tools_default_sim_devices(const char *value);
 
+/** A context on the sim backend (GPUMEM_SIM_DEVICES defaulting to 1x141GiB), for the counting tools
+ *  (bench-pairs, bench-random); NULL, with a message naming `who` on stderr, when it cannot be made. */
+gpumem_context *tools_sim_context(const char *who);
+
 /* ---- the random live set (gpumem-bench's "random" pattern, bench-random) ---- */
 
 /** At most this many blocks live. */
