@@ -10,7 +10,7 @@
 # the figure by up to +-7; with 200000, by about +-1.
 #
 # Needs valgrind and a build with the tools: BUILD (default build-tools) is
-# configured and built here if bench-pairs is missing.
+# configured if new, and bench-pairs is built there first (a no-op when up to date).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-200000}

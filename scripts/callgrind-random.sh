@@ -6,8 +6,8 @@
 #
 #   scripts/callgrind-random.sh [P]      (P default 2)
 #
-# Needs valgrind and a build with the tools: BUILD (default build-tools) is configured
-# and built here if bench-random is missing.
+# Needs valgrind and a build with the tools: BUILD (default build-tools) is configured if new,
+# and bench-random is built there first (a no-op when up to date).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:-2}

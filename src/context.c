@@ -234,8 +234,12 @@ static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size,
 
 /* gpumem__tc_fast_alloc found the calling thread's cache keyed to this call, and left it locked:
  * a near fit, else every check and the full path, which does not search the cache again. */
-static __attribute__((noinline)) gpumem_status alloc_near(gpumem_context *ctx, int device, size_t size,
-                                                           gpumem_stream stream, void **out_ptr, const char *tag) {
+static __attribute__((noinline)) gpumem_status alloc_near(size_t size, void **out_ptr, const char *tag) {
+  /* the call's ctx, dev and stream are those of the cache, read while it is locked */
+  gpumem__tc *c = gpumem__tls_tc;
+  gpumem_context *ctx = c->ctx;
+  int device = c->dev;
+  gpumem_stream stream = c->stream;
   int hit = gpumem__tc_near_hit(size, tag, out_ptr);
   if (hit > 0) return GPUMEM_OK;
   return alloc_checked_(ctx, device, size, stream, tag, out_ptr, hit == 0);
@@ -248,7 +252,7 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
   if (GPUMEM__LIKELY(out_ptr != NULL)) {
     int hit = gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr);
     if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
-    if (hit < 0) return alloc_near(ctx, device, size, stream, out_ptr, tag); /* the cache stays locked for it */
+    if (hit < 0) return alloc_near(size, out_ptr, tag); /* the cache stays locked for it */
   }
   return alloc_checked(ctx, device, size, stream, out_ptr, tag);
 }
@@ -275,7 +279,7 @@ gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t size, gpumem_
 }
 
 /* Every check of gpumem_free, then the full path. */
-static gpumem_status free_checked(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+static __attribute__((noinline)) gpumem_status free_checked(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__UNLIKELY(ptr == NULL)) return GPUMEM_OK;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
@@ -284,9 +288,23 @@ static gpumem_status free_checked(gpumem_context *ctx, void *ptr, gpumem_stream 
   return gpumem__free_unmonitored(ctx, ptr, stream);
 }
 
+/* gpumem__tc_fast_free found ptr remembered by the calling thread's cache, keyed to this call, and
+ * left the cache locked: the full path, with the call's ctx and stream read from the cache. */
+static __attribute__((noinline)) gpumem_status free_held(void *ptr) {
+  gpumem__tc *c = gpumem__tls_tc;
+  gpumem_context *ctx = c->ctx;
+  gpumem_stream stream = c->stream;
+  gpumem__tc_unlock(c);
+  return free_checked(ctx, ptr, stream);
+}
+
 gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
-  /* a block this thread's cache handed out, claimed without the index (tcache.h) */
-  if (GPUMEM__LIKELY(ptr != NULL) && GPUMEM__LIKELY(gpumem__tc_fast_free(ctx, ptr, stream))) return GPUMEM_OK;
+  /* a block this thread's cache remembers, claimed without the index (tcache.h) */
+  if (GPUMEM__LIKELY(ptr != NULL)) {
+    int hit = gpumem__tc_fast_free(ctx, ptr, stream);
+    if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
+    if (hit < 0) return free_held(ptr);
+  }
   return free_checked(ctx, ptr, stream);
 }
 

@@ -77,10 +77,9 @@ static void flush_locked(gpumem__tc *c, int named) {
   if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
   gpumem__block *all[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
   size_t n = 0;
-  for (int i = 0; i < GPUMEM__TC_CLASSES; i++) {
-    gpumem__tc_bin *bn = &c->bins[i];
-    while (bn->n > 0) {
-      gpumem__block *b = bn->b[--bn->n];
+  for (int k = 0; k < GPUMEM__TC_CLASSES; k++) {
+    while (c->n[k] > 0) {
+      gpumem__block *b = c->blk[(size_t)k * GPUMEM__TC_BIN_CAP + --c->n[k]];
       /* cached: no one else removes or claims the entry, so it is there; the removal makes the state even */
       (void)gpumem__ptrmap_remove(&c->ctx->map, b->addr, c->pool, 1);
       all[n++] = b;
@@ -199,48 +198,52 @@ static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_
 }
 
 /* The smallest cached block of rsize .. rsize + rsize / 8 (at most 12.5 % more than asked, like a
- * size class): its bin, and its place there in *at; or NULL. Such blocks are in rsize's class or
- * the two above it, and every block of a class is smaller than every block of the next: the first
- * of those bins that has one holds the smallest. Requests of random sizes rarely find their exact
+ * size class): 1 and its class in *k, its place there in *at; or 0. Such blocks are in rsize's class
+ * or the two above it, and every block of a class is smaller than every block of the next: the first
+ * of those classes that has one holds the smallest. Requests of random sizes rarely find their exact
  * size again; a near one spares the pool path (several hundred instructions and, on a GPU, at times
  * an event call) for a bounded waste. Cache lock held, rsize <= GPUMEM__TC_MAX_SIZE. */
-static gpumem__tc_bin *near_fit(gpumem__tc *c, size_t rsize, unsigned *at) {
-  if (c->acct.cached < rsize) return NULL; /* no cached block is that large */
+static int near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned *at) {
+  if (c->acct.cached < rsize) return 0; /* no cached block is that large */
   const size_t hi = rsize + rsize / 8;
-  unsigned k = c->class_of[rsize >> 8];
-  gpumem__tc_bin *bn = c->bins + k, *end = c->bins + (k + 3u < GPUMEM__TC_CLASSES ? k + 3u : GPUMEM__TC_CLASSES);
-  for (; bn < end; bn++) {
-    unsigned n = bn->n, best = n;
+  unsigned first = c->class_of[rsize >> 8];
+  unsigned end = first + 3u < GPUMEM__TC_CLASSES ? first + 3u : GPUMEM__TC_CLASSES;
+  for (unsigned i = first; i < end; i++) {
+    const size_t *sz = c->sz + (size_t)i * GPUMEM__TC_BIN_CAP;
+    unsigned n = c->n[i], best = n;
     size_t bs = hi + 1u;
     for (unsigned j = 0; j < n; j++) {
-      size_t sz = bn->sz[j];
-      if (sz >= rsize && sz < bs) {
+      if (sz[j] >= rsize && sz[j] < bs) {
         best = j;
-        bs = sz;
+        bs = sz[j];
       }
     }
     if (best < n) {
+      *k = i;
       *at = best;
-      return bn;
+      return 1;
     }
   }
-  return NULL;
+  return 0;
 }
 
 int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size <= GPUMEM__TC_MAX_SIZE */
-  unsigned at = 0;
-  gpumem__tc_bin *bn = size != 0 ? near_fit(c, rsize, &at) : NULL;
-  if (bn != NULL && bn->sz[at] <= c->acct.headroom) {
-    c->acct.headroom -= bn->sz[at];
-    gpumem__block *b = gpumem__tc_pop(c, bn, at, size, tag);
-    gpumem__tc_unlock(c);
-    *out = (void *)b->addr;
-    return 1;
+  unsigned k = 0, at = 0;
+  int found = size != 0 && near_fit(c, rsize, &k, &at);
+  if (found) {
+    size_t bsize = c->sz[(size_t)k * GPUMEM__TC_BIN_CAP + at];
+    if (bsize <= c->acct.headroom) {
+      c->acct.headroom -= bsize;
+      gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
+      gpumem__tc_unlock(c);
+      *out = (void *)b->addr;
+      return 1;
+    }
   }
   gpumem__tc_unlock(c);
-  return bn != NULL ? -1 : 0;
+  return found ? -1 : 0;
 }
 
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
@@ -262,10 +265,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * emptied it) */
     if (size <= GPUMEM__TC_MAX_SIZE && !looked) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
-      unsigned at = 0;
-      gpumem__tc_bin *bn = near_fit(c, rsize, &at);
-      if (bn != NULL) {
-        gpumem__block *b = gpumem__tc_pop(c, bn, at, size, tag);
+      unsigned k = 0, at = 0;
+      if (near_fit(c, rsize, &k, &at)) {
+        gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
         if (b->size <= c->acct.headroom) {
           c->acct.headroom -= b->size;
         } else {
@@ -306,7 +308,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     gpumem__block *b = acct->last;
     if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream &&
         b->size <= GPUMEM__TC_MAX_SIZE)
-      gpumem__tc_remember(c, b, acct->last_state, b->size, gpumem__tc_bin_of(c, b->size));
+      gpumem__tc_remember(c, b, acct->last_state, b->size, c->class_of[b->size >> 8]);
     acct->last = NULL;
     gpumem__tc_unlock(c);
   }
@@ -336,8 +338,9 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   }
   gpumem__pool *p = e->pool;
   size_t bsize = b->size;
-  gpumem__tc_bin *bn = bsize <= GPUMEM__TC_MAX_SIZE ? gpumem__tc_bin_of(c, bsize) : NULL;
-  int keep = bn != NULL && c->ctx == ctx && c->stream == stream && p == c->pool && gpumem__tc_fits(c, bn, bsize);
+  unsigned k = bsize <= GPUMEM__TC_MAX_SIZE ? c->class_of[bsize >> 8] : 0;
+  int keep = bsize <= GPUMEM__TC_MAX_SIZE && c->ctx == ctx && c->stream == stream && p == c->pool &&
+             gpumem__tc_fits(c, k, bsize);
   /* a thread cache that remembered the block may claim it without the shard lock: the swap decides */
   if (!atomic_compare_exchange_strong_explicit(&b->state, &state, state + (keep ? 1u : 2u), memory_order_acq_rel,
                                                memory_order_acquire)) {
@@ -348,7 +351,10 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   }
   if (keep) {
     gpumem__ptrmap_unlock(s);
-    gpumem__tc_push(c, bn, b, bsize);
+    gpumem__tc_push(c, k, b, bsize);
+    /* remembered with the state its next pop gives it: this thread's free of it after that claims
+     * it without the index (tcache.h) */
+    gpumem__tc_remember(c, b, state + 2u, bsize, k);
     c->misses = 0;
     gpumem__tc_unlock(c);
     return GPUMEM_OK;
@@ -378,7 +384,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
     gpumem__tc_lock(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
-      for (int i = 0; i < GPUMEM__TC_CLASSES; i++) n += c->bins[i].n;
+      for (int k = 0; k < GPUMEM__TC_CLASSES; k++) n += c->n[k];
       flush_locked(c, 0);
       if (detach) tc_detach(c);
     }

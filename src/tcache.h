@@ -15,6 +15,15 @@
 
 #include <sched.h>
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GPUMEM__HAS_TSAN 1
+#endif
+#endif
+#ifndef GPUMEM__HAS_TSAN
+#define GPUMEM__HAS_TSAN 0
+#endif
+
 #define GPUMEM__TC_MAX_SIZE ((size_t)1 << 20)   /* block sizes cached: up to 1 MiB */
 #define GPUMEM__TC_CLASSES 81                   /* size classes: gpumem__tc_class(GPUMEM__TC_MAX_SIZE) + 1 */
 #define GPUMEM__TC_BIN_CAP 8                    /* blocks per class */
@@ -22,32 +31,29 @@
 #define GPUMEM__TC_OWN_LOG 9
 #define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache handed out that it remembers */
 
-/* The cached blocks of one size class: their sizes (any in the class) and the blocks, the most
- * recently freed last. */
-typedef struct gpumem__tc_bin {
-  unsigned n;
-  size_t sz[GPUMEM__TC_BIN_CAP];
-  gpumem__block *b[GPUMEM__TC_BIN_CAP];
-} gpumem__tc_bin;
-
-/* A block this cache handed out, with the state it had then (gpumem__block):
- * while the state is unchanged the block is that same live allocation, so a
- * free by this thread claims it with one compare-and-swap, without the index.
- * key 0 = empty. Entries refer to blocks of c->pool only: every flush and
- * rekey clears them (a pool reset frees block structs only after flushing
- * every cache under its lock). */
+/* A block this cache remembers: one it handed out from the pool, or one freed into it, with the
+ * state the block has while it is live by this cache's hand-out (gpumem__block: states only grow).
+ * A block freed into the cache is remembered with the state its next pop gives it (the state at
+ * the free plus 2; only this cache's owner changes the state of a cached block, by one pop, and a
+ * flush forgets every block first). While the block's state equals `state`, it is that same live
+ * allocation, so a free by this thread claims it with one compare-and-swap, without the index.
+ * The pop itself writes nothing here. key GPUMEM__TC_OWN_EMPTY = empty. Entries refer to blocks of
+ * c->pool only: every flush and rekey clears them (a pool reset frees block structs only after
+ * flushing every cache under its lock). */
 typedef struct gpumem__tc_own {
-  uintptr_t key;               /* GPUMEM__TC_OWN_EMPTY = empty */
+  uintptr_t key;               /* the block's address */
   gpumem__block *b;
   uint64_t state;
-  size_t bsize;
-  struct gpumem__tc_bin *bin;  /* the bin of bsize */
+  size_t meta;                 /* the block's size (a multiple of 256) | its size class (the low 8 bits) */
 } gpumem__tc_own;
 /* An empty slot's key: 0, which no call can match, since gpumem_free tests ptr != NULL before the
  * inlined hit. (Any other value could be passed by a caller; an empty slot keeps the block pointer
  * and state it had, and a block remembered before a flush may still be live in that state.) */
 #define GPUMEM__TC_OWN_EMPTY ((uintptr_t)0)
 
+/* Cached blocks: class k holds n[k] blocks, blk[k * GPUMEM__TC_BIN_CAP + j] for j < n[k], of sizes
+ * sz[...] (any size of the class), the most recently freed last. Flat arrays, so that one lea
+ * finds the last block of a class. */
 typedef struct gpumem__tc {
   atomic_int busy;             /* the spinlock */
   int dev;                     /* key: device of pool */
@@ -61,7 +67,9 @@ typedef struct gpumem__tc {
   unsigned misses;
   unsigned flushes;            /* flush_locked calls (tcache.c: a block from the pool is remembered only if none came between) */
   struct gpumem__tc *prev, *next; /* g_reg list */
-  gpumem__tc_bin bins[GPUMEM__TC_CLASSES];
+  uint8_t n[GPUMEM__TC_CLASSES];
+  size_t sz[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
+  gpumem__block *blk[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
   gpumem__tc_own own[GPUMEM__TC_OWN];
   /* gpumem__tc_class of every size up to GPUMEM__TC_MAX_SIZE, by units of 256 bytes: in the cache, so
    * that the inlined hit reads it at an offset from the one pointer it has (no shift by a variable
@@ -91,9 +99,21 @@ static inline void gpumem__tc_lock(gpumem__tc *c) {
 static inline void gpumem__tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->busy, 0, memory_order_release); }
 /* The inlined hits only try the lock: held by another thread (a flush), they leave it to the full
  * path, and with no call left in them they need no saved registers. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !GPUMEM__HAS_TSAN
+/* x86-64: one `lock bts` and a jump, with no register for the value (an exchange needs one, and a
+ * test). A locked instruction is a full barrier, and the "memory" clobber keeps the compiler from
+ * moving accesses across it: an acquire. (Not under ThreadSanitizer, which sees only C11 atomics.) */
+static inline __attribute__((always_inline)) int gpumem__tc_trylock(gpumem__tc *c) {
+  __asm__ goto("lock btsl $0, %0\n\tjc %l[taken]" : : "m"(c->busy) : "memory", "cc" : taken);
+  return 1;
+taken:
+  return 0;
+}
+#else
 static inline int gpumem__tc_trylock(gpumem__tc *c) {
   return atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0;
 }
+#endif
 
 /* The size class of a block or rounded request of bsize <= GPUMEM__TC_MAX_SIZE bytes: in units of
  * 256 B, exact below 8 units (2 KiB), then 8 classes per power of two (a class spans 12.5 % of its
@@ -107,62 +127,59 @@ static inline unsigned gpumem__tc_class(size_t bsize) {
   return (s << 3) + (unsigned)(u >> s);
 }
 
-static inline gpumem__tc_bin *gpumem__tc_bin_of(gpumem__tc *c, size_t bsize) { return &c->bins[c->class_of[bsize >> 8]]; }
-
 /* Where key is remembered (a multiplicative hash: block addresses share their low bits). */
 static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
   return &c->own[(uint32_t)((uint32_t)(key >> 8) * 0x9E3779B1u) >> (32 - GPUMEM__TC_OWN_LOG)];
 }
 
-/* Remember a block this cache hands out, live with state `state`. Cache lock held. */
-static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize,
-                                       gpumem__tc_bin *bn) {
+/* Remember block b (of bsize bytes, class k), live with state `state` when this cache hands it out.
+ * Cache lock held. */
+static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize, unsigned k) {
   gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
   o->key = b->addr;
   o->b = b;
   o->state = state;
-  o->bsize = bsize;
-  o->bin = bn;
+  o->meta = bsize | k;
 }
 
-/* Take block j of bin bn for a request of size (tag): live again. Cache lock held, j < bn->n.
+/* Take block j of class k for a request of size (tag): live again. Cache lock held, j < c->n[k].
  * The caller accounts the headroom. */
-static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, gpumem__tc_bin *bn, unsigned j, size_t size,
-                                            const char *tag) {
-  unsigned n = bn->n - 1u;
-  gpumem__block *b = bn->b[j];
-  size_t bsize = bn->sz[j];
-  bn->b[j] = bn->b[n]; /* the last one fills the gap */
-  bn->sz[j] = bn->sz[n];
-  bn->n = n;
+static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, unsigned k, unsigned j, size_t size, const char *tag) {
+  unsigned n = c->n[k] - 1u;
+  size_t at = (size_t)k * GPUMEM__TC_BIN_CAP, last = at + n;
+  at += j;
+  gpumem__block *b = c->blk[at];
+  size_t bsize = c->sz[at];
+  c->blk[at] = c->blk[last]; /* the last one fills the gap */
+  c->sz[at] = c->sz[last];
+  c->n[k] = (uint8_t)n;
   b->requested = size;
   b->tag = tag;
   /* live again (odd -> even): a free or gpumem_ptr_info that sees the new state sees the fields above.
    * Only this cache's owner changes the state of a cached block. */
   uint64_t state = atomic_load_explicit(&b->state, memory_order_relaxed) + 1u;
   atomic_store_explicit(&b->state, state, memory_order_release);
-  gpumem__tc_remember(c, b, state, bsize, bn);
   c->acct.cached -= bsize;
   c->d_req += (int64_t)size;
   c->d_allocs++;
   return b;
 }
 
-/* Keep the block b (just claimed: odd state) in bin bn. Cache lock held. */
-static inline void gpumem__tc_push(gpumem__tc *c, gpumem__tc_bin *bn, gpumem__block *b, size_t bsize) {
-  unsigned n = bn->n;
-  bn->sz[n] = bsize;
-  bn->b[n] = b;
-  bn->n = n + 1u;
+/* Keep the block b (of bsize bytes, class k; just claimed: odd state) in its class. Cache lock held. */
+static inline void gpumem__tc_push(gpumem__tc *c, unsigned k, gpumem__block *b, size_t bsize) {
+  size_t at = (size_t)k * GPUMEM__TC_BIN_CAP + c->n[k];
+  c->sz[at] = bsize;
+  c->blk[at] = b;
+  c->n[k]++;
   c->acct.cached += bsize;
   c->acct.headroom += bsize;
   c->d_req -= (int64_t)b->requested;
   c->d_frees++;
 }
 
-/* 1 if a block of bsize may go into bin bn (the bin of its class). Cache lock held. */
-static inline int gpumem__tc_fits(const gpumem__tc *c, const gpumem__tc_bin *bn, size_t bsize) {
-  return bn->n < GPUMEM__TC_BIN_CAP && c->acct.cached + bsize <= c->budget;
+/* 1 if a block of bsize (class k) may be cached. Cache lock held. */
+static inline int gpumem__tc_fits(const gpumem__tc *c, unsigned k, size_t bsize) {
+  return c->n[k] < GPUMEM__TC_BIN_CAP && c->acct.cached + bsize <= c->budget;
 }
 
 /* 1 and *out set: served from this thread's cache (the block freed last in rsize's class, when it
@@ -177,14 +194,25 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
                                                                        void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
-  size_t rsize = (size + 255) & ~(size_t)255;
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream)) {
-    gpumem__tc_bin *bn = gpumem__tc_bin_of(c, rsize);
-    unsigned n = bn->n;
-    if (GPUMEM__LIKELY(n > 0 && bn->sz[n - 1u] == rsize && rsize <= c->acct.headroom)) {
+    /* (from here on the call's ctx, dev and stream are the cache's: gpumem__tc_near_hit reads them there) */
+    size_t rsize = (size + 255) & ~(size_t)255;
+    unsigned k = c->class_of[rsize >> 8];
+    unsigned n = c->n[k];
+    size_t last = (size_t)k * GPUMEM__TC_BIN_CAP + n - 1u;
+    if (GPUMEM__LIKELY(n > 0 && c->sz[last] == rsize && rsize <= c->acct.headroom)) {
+      gpumem__block *b = c->blk[last];
+      c->n[k]--;
       c->acct.headroom -= rsize;
-      gpumem__block *b = gpumem__tc_pop(c, bn, n - 1u, size, tag);
+      c->acct.cached -= rsize;
+      b->requested = size;
+      b->tag = tag;
+      /* live again (odd -> even), as gpumem__tc_pop; the slot that remembers b expects this state */
+      uint64_t state = atomic_load_explicit(&b->state, memory_order_relaxed) + 1u;
+      atomic_store_explicit(&b->state, state, memory_order_release);
+      c->d_req += (int64_t)size;
+      c->d_allocs++;
       gpumem__tc_unlock(c);
       *out = (void *)b->addr;
       return 1;
@@ -202,29 +230,35 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
  * cache is unlocked. */
 int gpumem__tc_near_hit(size_t size, const char *tag, void **out);
 
-/* 1: a block this cache handed out, freed into it. 0: nothing changed, take the full path.
- * ptr != NULL (the caller tests it: an empty slot's key is 0). Runs before the other argument
- * checks: only a pointer this cache remembers can match, and only on the (ctx, stream) the
- * cache is keyed to. */
+/* 1: a block this cache remembers, freed into it. 0: nothing changed, take the full path. -1: the
+ * cache is keyed to this call's ctx and stream and remembers ptr, but cannot take it (its class is
+ * full, the budget, or the block is not live in the state remembered): the cache stays locked, and
+ * gpumem__tc_free_held (out of line) unlocks it and takes the full path, with the ctx and stream
+ * read from the cache, so that this path keeps only ptr in a register for it. ptr != NULL (the
+ * caller tests it: an empty slot's key is 0). Runs before the other argument checks: only a
+ * pointer this cache remembers can match, and only on the (ctx, stream) the cache is keyed to. */
 static inline __attribute__((always_inline)) int gpumem__tc_fast_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = gpumem__tls_tc;
   uintptr_t key = (uintptr_t)ptr;
   gpumem__tc_own *o = gpumem__tc_own_of(c, key);
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   if (GPUMEM__LIKELY(o->key == key && c->ctx == ctx && c->stream == stream)) {
-    size_t bsize = o->bsize;
-    gpumem__tc_bin *bn = o->bin;
+    size_t meta = o->meta;
+    size_t bsize = meta & ~(size_t)255;
+    unsigned k = (unsigned)(meta & 255u);
     uint64_t state = o->state;
     gpumem__block *b = o->b;
-    /* (the slot stays: once claimed, the block's state is no longer o->state, so the slot can
-     * match no later free; a pop remembers the block afresh, a flush empties every slot) */
-    if (GPUMEM__LIKELY(gpumem__tc_fits(c, bn, bsize)) &&
+    /* (the slot stays, expecting the state the next pop gives the block: the block's
+     * state passes it only through that pop, and a flush empties every slot) */
+    if (GPUMEM__LIKELY(gpumem__tc_fits(c, k, bsize)) &&
         GPUMEM__LIKELY(atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
                                                                memory_order_relaxed))) {
-      gpumem__tc_push(c, bn, b, bsize);
+      o->state = state + 2u;
+      gpumem__tc_push(c, k, b, bsize);
       gpumem__tc_unlock(c);
       return 1;
     }
+    return -1;
   }
   gpumem__tc_unlock(c);
   return 0;

@@ -207,6 +207,66 @@ static void test_race_with_remembering_thread(void **state) {
   tu_ctx_done(g_ctx);
 }
 
+/* ---- a block freed into a cache through the index is remembered there ---------------------------- */
+
+/* The worker frees a pointer the main thread allocated (through the index: its cache never handed it
+ * out), while the main thread waits; the main thread's free of it then is a double free. The
+ * worker's pairs of SZ after that get the same block back from its cache, and its frees of it claim
+ * it through the memory its first free left (the state its next pop gives the block). */
+static pthread_barrier_t g_bar2;
+static gpumem_status g_worker_st[6];
+static void *worker_frees_foreign(void *arg) {
+  void *p = arg, *q = NULL;
+  g_worker_st[0] = gpumem_free(g_ctx, p, NULL); /* through the index, into this thread's cache */
+  pthread_barrier_wait(&g_bar2);                 /* main: a free of p now is a double free */
+  pthread_barrier_wait(&g_bar2);
+  g_worker_st[1] = gpumem_free(g_ctx, p, NULL); /* cached here: rejected */
+  g_worker_st[2] = GPUMEM_OK;
+  for (int i = 0; i < 3 && g_worker_st[2] == GPUMEM_OK; i++) {
+    if ((g_worker_st[2] = gpumem_alloc(g_ctx, 0, SZ, NULL, &q)) != GPUMEM_OK || q != p) break; /* an exact hit: p */
+    g_worker_st[2] = gpumem_free(g_ctx, q, NULL);
+  }
+  g_worker_st[3] = q == p ? GPUMEM_OK : GPUMEM_ERR_INTERNAL;
+  g_worker_st[4] = gpumem_free(g_ctx, q, NULL); /* a double free after the claim */
+  g_worker_st[5] = gpumem_alloc(g_ctx, 0, SZ, NULL, &q); /* p again, freed by the main thread */
+  pthread_barrier_wait(&g_bar2);
+  return q;
+}
+
+static void test_remembered_at_index_free(void **state) {
+  (void)state;
+  g_ctx = tu_ctx_new(NULL);
+  void *p, *q;
+  assert_status(gpumem_alloc(g_ctx, 0, SZ, NULL, &p), GPUMEM_OK);
+  pthread_barrier_init(&g_bar2, NULL, 2);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, worker_frees_foreign, p), 0);
+  pthread_barrier_wait(&g_bar2);
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_ERR_INVALID_POINTER); /* in the worker's cache */
+  size_t req = 0;
+  assert_status(gpumem_ptr_info(g_ctx, p, &req, NULL), GPUMEM_ERR_INVALID_POINTER);
+  pthread_barrier_wait(&g_bar2);
+  pthread_barrier_wait(&g_bar2); /* the worker holds p again, live */
+  assert_status(g_worker_st[0], GPUMEM_OK);
+  assert_status(g_worker_st[1], GPUMEM_ERR_INVALID_POINTER);
+  assert_status(g_worker_st[2], GPUMEM_OK);
+  assert_status(g_worker_st[3], GPUMEM_OK);
+  assert_status(g_worker_st[4], GPUMEM_ERR_INVALID_POINTER);
+  assert_status(g_worker_st[5], GPUMEM_OK);
+  void *ret = NULL;
+  pthread_join(t, &ret);
+  pthread_barrier_destroy(&g_bar2);
+  assert_ptr_equal(ret, p);
+  assert_status(gpumem_ptr_info(g_ctx, p, &req, NULL), GPUMEM_OK);
+  assert_int_equal(req, SZ);
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_OK); /* the worker's allocation, freed here */
+  assert_status(gpumem_free(g_ctx, p, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_alloc(g_ctx, 0, SZ, NULL, &q), GPUMEM_OK);
+  assert_status(gpumem_free(g_ctx, q, NULL), GPUMEM_OK);
+  assert_clean(g_ctx, 6);
+  tu_ctx_done(g_ctx);
+}
+
 /* ---- a reset between the hit and the free: the memory is dropped, the free rejected ------------ */
 
 static void test_reset_drops_memories(void **state) {
@@ -279,6 +339,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_garbage_pointers_with_warm_cache, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_stale_memory, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_race_with_remembering_thread, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_remembered_at_index_free, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_reset_drops_memories, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_trace_with_warm_cache, tu_setup, tu_teardown),
   };
