@@ -233,8 +233,14 @@ static gpumem_status alloc_checked(gpumem_context *ctx, int device, size_t size,
 }
 
 /* gpumem__tc_fast_alloc found the calling thread's cache keyed to this call, and left it locked:
- * a near fit, else every check and the full path, which does not search the cache again. */
-static __attribute__((noinline)) gpumem_status alloc_near(size_t size, void **out_ptr, const char *tag) {
+ * a near fit, else every check and the full path, which does not search the cache again. (The
+ * first, second and fourth parameters are unused: size, out_ptr and tag come in the registers
+ * gpumem_alloc has them in, and the call's ctx, device and stream are read from the cache.) */
+static GPUMEM__NOIPA gpumem_status alloc_near(void *unused0, int unused1, size_t size, void *unused3,
+                                                           void **out_ptr, const char *tag) {
+  (void)unused0;
+  (void)unused1;
+  (void)unused3;
   /* the call's ctx, dev and stream are those of the cache, read while it is locked */
   gpumem__tc *c = gpumem__tls_tc;
   gpumem_context *ctx = c->ctx;
@@ -252,7 +258,7 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
   if (GPUMEM__LIKELY(out_ptr != NULL)) {
     int hit = gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr);
     if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
-    if (hit < 0) return alloc_near(size, out_ptr, tag); /* the cache stays locked for it */
+    if (hit < 0) return alloc_near(NULL, 0, size, NULL, out_ptr, tag); /* the cache stays locked for it */
   }
   return alloc_checked(ctx, device, size, stream, out_ptr, tag);
 }
@@ -290,7 +296,8 @@ static __attribute__((noinline)) gpumem_status free_checked(gpumem_context *ctx,
 
 /* gpumem__tc_fast_free found ptr remembered by the calling thread's cache, keyed to this call, and
  * left the cache locked: the full path, with the call's ctx and stream read from the cache. */
-static __attribute__((noinline)) gpumem_status free_held(void *ptr) {
+static GPUMEM__NOIPA gpumem_status free_held(void *unused0, void *ptr) {
+  (void)unused0; /* (ptr comes in the register gpumem_free has it in) */
   gpumem__tc *c = gpumem__tls_tc;
   gpumem_context *ctx = c->ctx;
   gpumem_stream stream = c->stream;
@@ -303,7 +310,7 @@ gpumem_status gpumem_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) 
   if (GPUMEM__LIKELY(ptr != NULL)) {
     int hit = gpumem__tc_fast_free(ctx, ptr, stream);
     if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
-    if (hit < 0) return free_held(ptr);
+    if (hit < 0) return free_held(NULL, ptr);
   }
   return free_checked(ctx, ptr, stream);
 }

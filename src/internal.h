@@ -31,6 +31,16 @@
 #  define GPUMEM__LIKELY(x) (x)
 #  define GPUMEM__UNLIKELY(x) (x)
 #endif
+/* A function whose parameters the compiler must keep as declared (gcc's interprocedural passes
+ * drop unused ones of static functions otherwise): context.c's out-of-line misses take their
+ * arguments in the registers the entry points have them in. */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define GPUMEM__NOIPA __attribute__((noipa))
+#elif defined(__clang__)
+#  define GPUMEM__NOIPA __attribute__((noinline))
+#else
+#  define GPUMEM__NOIPA
+#endif
 
 /* ---------------------------------------------------------------------- */
 /* Mutex (thin wrapper so a different primitive can be swapped in).       */
@@ -189,7 +199,7 @@ static inline int gpumem__block_cached(const gpumem__block *b) {
 /**
  * Accounting of one thread cache towards its pool (tcache.c). Blocks in a
  * thread cache are live for the pool (allocated_bytes counts them); the true
- * allocated bytes are the pool's minus every cache's `cached`. `cached` and
+ * allocated bytes are the pool's minus every cache's cached bytes (budget - room). They and
  * `headroom` change only under the pool lock, or by the owning thread under
  * its cache lock (the pool reads them under the pool lock during that
  * thread's own pool call). headroom <= cached: bytes the owner may take out
@@ -197,13 +207,17 @@ static inline int gpumem__block_cached(const gpumem__block *b) {
  * <= peak), so the peak is exact with one thread and an upper bound with several.
  */
 typedef struct gpumem__tc_acct {
-  uint64_t cached;
+  uint64_t room;      /* budget - cached: the bytes the cache may still take in */
   uint64_t headroom;
+  uint64_t budget;    /* cached bytes at most (gpumem__pool_tc_budget of the pool, set when keyed) */
   int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while this or another thread cache of the pool
                       * could hold blocks (it returned GPUMEM_ERR_BUSY) */
   gpumem__block *last;  /* set by gpumem__pool_alloc on success: the block handed out ... */
   uint64_t last_state;  /* ... and its state then (the cache remembers them, tcache.h) */
 } gpumem__tc_acct;
+
+/** Bytes held in the cache of acct (kept as budget - room: the inlined free tests and updates room alone). */
+static inline uint64_t gpumem__tc_acct_cached(const gpumem__tc_acct *a) { return a->budget - a->room; }
 
 /** Create the pool of one device (and its initial segment if configured). */
 gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out);

@@ -1598,7 +1598,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       attempt = 1;
     } else {
       /* the caller's cache holds blocks, or another thread's cache may */
-      p->nogrow = acct != NULL && (acct->cached > 0 || atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 1);
+      p->nogrow = acct != NULL && (gpumem__tc_acct_cached(acct) > 0 || atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 1);
       st = alloc_locked(p, rsize, rcls, stream, &b);
       p->nogrow = 0;
       if (p->grow_blocked) {
@@ -1742,14 +1742,15 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
   guard_ctx(p, stream, named, 0);
   for (size_t i = 0; i < n; i++) {
     gpumem__block *b = blocks[i];
-    acct->cached -= b->size;
+    acct->room += b->size;
     /* the cache already counted this free: the pool's counters get it, the cache's deltas give it back */
     *d_req += (int64_t)b->requested;
     *d_live += 1;
     *d_frees -= 1;
     free_locked(p, b, stream, named && i + 1 == n);
   }
-  if (acct->headroom > acct->cached) acct->headroom = acct->cached;
+  uint64_t cached = gpumem__tc_acct_cached(acct);
+  if (acct->headroom > cached) acct->headroom = cached;
   p->st.requested_bytes = (uint64_t)((int64_t)p->st.requested_bytes + *d_req);
   p->st.num_live = (uint64_t)((int64_t)p->st.num_live + *d_live);
   p->st.num_allocs += *d_allocs;
@@ -1764,10 +1765,11 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
 
 void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
   /* the caller holds the pool lock */
-  uint64_t cur = p->st.allocated_bytes - acct->cached;
+  uint64_t cached = gpumem__tc_acct_cached(acct);
+  uint64_t cur = p->st.allocated_bytes - cached;
   if (cur > p->st.allocated_peak) p->st.allocated_peak = cur;
   uint64_t room = p->st.allocated_peak - cur;
-  acct->headroom = room < acct->cached ? room : acct->cached;
+  acct->headroom = room < cached ? room : cached;
 }
 
 uint64_t gpumem__pool_tc_budget(const gpumem__pool *p) {

@@ -74,7 +74,7 @@ static void flush_locked(gpumem__tc *c, int named) {
   c->flushes++;
   own_clear(c); /* the blocks it remembers may be reset or of another pool next */
   if (c->pool == NULL) return;
-  if (c->acct.cached == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
+  if (gpumem__tc_acct_cached(&c->acct) == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
   gpumem__block *all[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
   size_t n = 0;
   for (int k = 0; k < GPUMEM__TC_CLASSES; k++) {
@@ -101,7 +101,7 @@ static void tc_set_pool(gpumem__tc *c, gpumem__pool *p) {
 static void tc_detach(gpumem__tc *c) {
   c->ctx = NULL;
   tc_set_pool(c, NULL);
-  c->acct.cached = 0;
+  c->acct.budget = c->acct.room = 0;
   c->acct.headroom = 0;
 }
 
@@ -116,9 +116,8 @@ static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem
   tc_set_pool(c, p);
   c->dev = gpumem__pool_device(p);
   c->stream = stream;
-  c->acct.cached = 0;
+  c->acct.budget = c->acct.room = gpumem__pool_tc_budget(p); /* nothing cached */
   c->acct.headroom = 0;
-  c->budget = gpumem__pool_tc_budget(p);
   c->misses = 0;
 }
 
@@ -194,7 +193,7 @@ static gpumem__tc *tc_self(void) {
 
 /* After a call on another key: rekey an empty cache at once, a full one after a few misses. Cache lock held. */
 static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
-  if (c->acct.cached == 0 || ++c->misses >= TC_REKEY_MISSES) tc_rekey(c, ctx, p, stream);
+  if (gpumem__tc_acct_cached(&c->acct) == 0 || ++c->misses >= TC_REKEY_MISSES) tc_rekey(c, ctx, p, stream);
 }
 
 /* The smallest cached block of rsize .. rsize + rsize / 8 (at most 12.5 % more than asked, like a
@@ -204,7 +203,7 @@ static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_
  * size again; a near one spares the pool path (several hundred instructions and, on a GPU, at times
  * an event call) for a bounded waste. Cache lock held, rsize <= GPUMEM__TC_MAX_SIZE. */
 static int near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned *at) {
-  if (c->acct.cached < rsize) return 0; /* no cached block is that large */
+  if (gpumem__tc_acct_cached(&c->acct) < rsize) return 0; /* no cached block is that large */
   const size_t hi = rsize + rsize / 8;
   unsigned first = c->class_of[rsize >> 8];
   unsigned end = first + 3u < GPUMEM__TC_CLASSES ? first + 3u : GPUMEM__TC_CLASSES;
@@ -373,7 +372,7 @@ uint64_t gpumem__tc_cached_bytes(void) {
   gpumem__tc *c = gpumem__tls_tc;
   if (c == &gpumem__tc_none) return 0;
   gpumem__tc_lock(c);
-  uint64_t n = c->acct.cached;
+  uint64_t n = gpumem__tc_acct_cached(&c->acct);
   gpumem__tc_unlock(c);
   return n;
 }
@@ -415,7 +414,7 @@ void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *o
   gpumem__mutex_unlock(gpumem__pool_mutex(p));
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
     if (c->ctx != ctx || c->pool != p) continue;
-    one->allocated_bytes -= c->acct.cached;
+    one->allocated_bytes -= gpumem__tc_acct_cached(&c->acct);
     one->requested_bytes = (uint64_t)((int64_t)one->requested_bytes + c->d_req);
     one->num_live = (uint64_t)((int64_t)one->num_live + (int64_t)c->d_allocs - (int64_t)c->d_frees);
     one->num_allocs += c->d_allocs;
@@ -430,7 +429,7 @@ void gpumem__tc_reset_peaks(gpumem_context *ctx, gpumem__pool *p) {
   uint64_t cur = st->allocated_bytes;
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
     if (c->ctx != ctx || c->pool != p) continue;
-    cur -= c->acct.cached;
+    cur -= gpumem__tc_acct_cached(&c->acct);
     c->acct.headroom = 0;
   }
   st->allocated_peak = cur;

@@ -60,8 +60,7 @@ typedef struct gpumem__tc {
   gpumem_context *ctx;         /* key; NULL = detached (then every bin and own entry is empty) */
   gpumem_stream stream;        /* key */
   gpumem__pool *pool;
-  gpumem__tc_acct acct;        /* cached bytes, headroom (see internal.h); cached == 0 iff no block cached */
-  uint64_t budget;             /* cached bytes at most (gpumem__pool_tc_budget of pool, set when keyed) */
+  gpumem__tc_acct acct;        /* room, budget, headroom (see internal.h); cached bytes == 0 iff no block cached */
   int64_t d_req;               /* counters not yet in the pool's statistics (live = allocs - frees) */
   uint64_t d_allocs, d_frees;
   unsigned misses;
@@ -97,6 +96,20 @@ static inline void gpumem__tc_lock(gpumem__tc *c) {
   gpumem__tc_lock_slow(c);
 }
 static inline void gpumem__tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->busy, 0, memory_order_release); }
+
+/* A cached block becomes live again: its state goes odd -> even, with release order (a free or
+ * gpumem_ptr_info that sees the new state sees the fields written before). Only the owner of the
+ * cache that holds the block changes its state (the others read it, or compare-and-swap it, which
+ * fails while it is odd), so on x86-64 a plain add to memory does it: an aligned 8-byte store is
+ * atomic to readers, x86 keeps stores in order, and the "memory" clobber keeps the compiler from
+ * moving the field writes after it. (Not under ThreadSanitizer, which sees only C11 atomics.) */
+static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__block *b) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !GPUMEM__HAS_TSAN
+  __asm__ volatile("addq $1, %0" : "+m"(*(uint64_t *)&b->state) : : "memory");
+#else
+  atomic_store_explicit(&b->state, atomic_load_explicit(&b->state, memory_order_relaxed) + 1u, memory_order_release);
+#endif
+}
 /* The inlined hits only try the lock: held by another thread (a flush), they leave it to the full
  * path, and with no call left in them they need no saved registers. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !GPUMEM__HAS_TSAN
@@ -129,7 +142,7 @@ static inline unsigned gpumem__tc_class(size_t bsize) {
 
 /* Where key is remembered (a multiplicative hash: block addresses share their low bits). */
 static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
-  return &c->own[(uint32_t)((uint32_t)(key >> 8) * 0x9E3779B1u) >> (32 - GPUMEM__TC_OWN_LOG)];
+  return &c->own[(key * 0x9E3779B97F4A7C15u) >> (64 - GPUMEM__TC_OWN_LOG)];
 }
 
 /* Remember block b (of bsize bytes, class k), live with state `state` when this cache hands it out.
@@ -155,11 +168,8 @@ static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, unsigned k, unsigned 
   c->n[k] = (uint8_t)n;
   b->requested = size;
   b->tag = tag;
-  /* live again (odd -> even): a free or gpumem_ptr_info that sees the new state sees the fields above.
-   * Only this cache's owner changes the state of a cached block. */
-  uint64_t state = atomic_load_explicit(&b->state, memory_order_relaxed) + 1u;
-  atomic_store_explicit(&b->state, state, memory_order_release);
-  c->acct.cached -= bsize;
+  gpumem__tc_revive(b); /* live again */
+  c->acct.room += bsize;
   c->d_req += (int64_t)size;
   c->d_allocs++;
   return b;
@@ -171,7 +181,7 @@ static inline void gpumem__tc_push(gpumem__tc *c, unsigned k, gpumem__block *b, 
   c->sz[at] = bsize;
   c->blk[at] = b;
   c->n[k]++;
-  c->acct.cached += bsize;
+  c->acct.room -= bsize;
   c->acct.headroom += bsize;
   c->d_req -= (int64_t)b->requested;
   c->d_frees++;
@@ -179,7 +189,7 @@ static inline void gpumem__tc_push(gpumem__tc *c, unsigned k, gpumem__block *b, 
 
 /* 1 if a block of bsize (class k) may be cached. Cache lock held. */
 static inline int gpumem__tc_fits(const gpumem__tc *c, unsigned k, size_t bsize) {
-  return c->n[k] < GPUMEM__TC_BIN_CAP && c->acct.cached + bsize <= c->budget;
+  return c->n[k] < GPUMEM__TC_BIN_CAP && bsize <= c->acct.room;
 }
 
 /* 1 and *out set: served from this thread's cache (the block freed last in rsize's class, when it
@@ -205,12 +215,10 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
       gpumem__block *b = c->blk[last];
       c->n[k]--;
       c->acct.headroom -= rsize;
-      c->acct.cached -= rsize;
+      c->acct.room += rsize;
       b->requested = size;
       b->tag = tag;
-      /* live again (odd -> even), as gpumem__tc_pop; the slot that remembers b expects this state */
-      uint64_t state = atomic_load_explicit(&b->state, memory_order_relaxed) + 1u;
-      atomic_store_explicit(&b->state, state, memory_order_release);
+      gpumem__tc_revive(b); /* live again, as gpumem__tc_pop: the state the slot that remembers b expects */
       c->d_req += (int64_t)size;
       c->d_allocs++;
       gpumem__tc_unlock(c);
