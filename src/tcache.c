@@ -7,13 +7,15 @@
  * even -> odd by compare-and-swap, so of two threads freeing one pointer exactly
  * one wins and a later free of it is rejected) and keeps it in the bin of its
  * size class (8 per power of two, GPUMEM__TC_BIN_CAP blocks each); its
- * pointer-index entry stays, marked not live. An alloc on S takes the smallest
- * cached block of its rounded size up to 12.5 % more (odd -> even; the inlined
- * hit in tcache.h: the last block of the class when it has exactly that size;
- * else near_fit): no index operation either way, no pool lock. The claim
- * finds the block through the index (gpumem__tc_free, under the shard lock),
- * or, for a block this cache handed out itself, through the cache's memory
- * of it (tcache.h, no shared lock at all). A cache holds at most
+ * pointer-index entry stays, marked not live. An alloc on S takes a cached
+ * block of its rounded size up to 12.5 % more (odd -> even): the inlined hit in
+ * tcache.h takes the block freed last in the request's class when it is not
+ * smaller (a class spans 12.5 %); else near_fit takes the smallest such block
+ * of that class and the two above. No index operation either way, no pool
+ * lock. The claim finds the block through the index (gpumem__tc_free, under
+ * the shard lock), or, for a block this cache remembers (one it handed out
+ * from the pool, or one freed into it), through that memory (tcache.h, no
+ * shared lock at all). A cache holds at most
  * gpumem__pool_tc_budget bytes (64 MiB; a 64th of a device or limit smaller
  * than 4 GiB), and is flushed before its pool would map or grow for
  * this thread (the pool's nogrow): its blocks, coalesced, may serve instead.

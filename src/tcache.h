@@ -175,11 +175,21 @@ static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, unsigned k, unsigned 
   return b;
 }
 
+/* Between a test of cache fields and their update: the compiler forgets the values it loaded, so
+ * that the update is one read-modify-write instruction (x86: subb $1, mem) rather than a copy, an
+ * add and a store of the value it still had. Changes nothing else (the cache is locked). */
+#if defined(__GNUC__) || defined(__clang__)
+#define GPUMEM__TC_RMW_BARRIER() __asm__ volatile("" ::: "memory")
+#else
+#define GPUMEM__TC_RMW_BARRIER() ((void)0)
+#endif
+
 /* Keep the block b (of bsize bytes, class k; just claimed: odd state) in its class. Cache lock held. */
 static inline void gpumem__tc_push(gpumem__tc *c, unsigned k, gpumem__block *b, size_t bsize) {
   size_t at = (size_t)k * GPUMEM__TC_BIN_CAP + c->n[k];
   c->sz[at] = bsize;
   c->blk[at] = b;
+  GPUMEM__TC_RMW_BARRIER();
   c->n[k]++;
   c->acct.room -= bsize;
   c->acct.headroom += bsize;
@@ -193,7 +203,7 @@ static inline int gpumem__tc_fits(const gpumem__tc *c, unsigned k, size_t bsize)
 }
 
 /* 1 and *out set: served from this thread's cache (the block freed last in rsize's class, when it
- * has exactly that size). 0: nothing changed, take the full path. -1: the cache is keyed to these
+ * is not smaller than rsize: then it is at most 12.5 % larger). 0: nothing changed, take the full path. -1: the cache is keyed to these
  * arguments and stays locked: gpumem__tc_near_hit looks further (out of line, so that this path
  * makes no call and saves no register). Runs before any argument check: a cache serves only the
  * (ctx, dev, stream) it is keyed to, which were valid when it was keyed. A NULL ctx matches only a
@@ -211,11 +221,15 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
     unsigned k = c->class_of[rsize >> 8];
     unsigned n = c->n[k];
     size_t last = (size_t)k * GPUMEM__TC_BIN_CAP + n - 1u;
-    if (GPUMEM__LIKELY(n > 0 && c->sz[last] == rsize && rsize <= c->acct.headroom)) {
+    size_t bsize;
+    /* a block of rsize's class that is not smaller is at most 12.5 % larger (a class spans 12.5 % of
+     * its smallest size, and exactly one size below 2 KiB) */
+    if (GPUMEM__LIKELY(n > 0 && (bsize = c->sz[last]) >= rsize && bsize <= c->acct.headroom)) {
       gpumem__block *b = c->blk[last];
+      GPUMEM__TC_RMW_BARRIER();
       c->n[k]--;
-      c->acct.headroom -= rsize;
-      c->acct.room += rsize;
+      c->acct.headroom -= bsize;
+      c->acct.room += bsize;
       b->requested = size;
       b->tag = tag;
       gpumem__tc_revive(b); /* live again, as gpumem__tc_pop: the state the slot that remembers b expects */
@@ -261,7 +275,8 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_free(gpumem_con
     if (GPUMEM__LIKELY(gpumem__tc_fits(c, k, bsize)) &&
         GPUMEM__LIKELY(atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
                                                                memory_order_relaxed))) {
-      o->state = state + 2u;
+      GPUMEM__TC_RMW_BARRIER();
+      o->state += 2u; /* (o->state was state: the claim's swap compared it) */
       gpumem__tc_push(c, k, b, bsize);
       gpumem__tc_unlock(c);
       return 1;

@@ -1,7 +1,8 @@
-/* A thread cache with no block of the exact size asked serves the smallest
- * cached block of up to 12.5 % more (src/tcache.c near_fit), and never a
- * block outside that window; statistics stay exact (requested bytes are the
- * request's, allocated bytes the block's). */
+/* A thread cache with no block of the exact size asked serves a cached block
+ * of up to 12.5 % more (the one freed last in the request's size class when it
+ * is not smaller, else the smallest of the class and the two above: src/tcache.c
+ * near_fit), and never a block outside that window; statistics stay exact
+ * (requested bytes are the request's, allocated bytes the block's). */
 #include <string.h>
 
 #include "testutil.h"
