@@ -28,8 +28,8 @@
 #define GPUMEM__TC_CLASSES 81                   /* size classes: gpumem__tc_class(GPUMEM__TC_MAX_SIZE) + 1 */
 #define GPUMEM__TC_BIN_CAP 8                    /* blocks per class */
 #define GPUMEM__TC_MAX_BYTES ((uint64_t)64 << 20) /* bytes per cache, at most (gpumem__pool_tc_budget) */
-#define GPUMEM__TC_OWN_LOG 9
-#define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache handed out that it remembers */
+#define GPUMEM__TC_OWN_LOG 10
+#define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache remembers (tcache.h gpumem__tc_own) */
 
 /* A block this cache remembers: one it handed out from the pool, or one freed into it, with the
  * state the block has while it is live by this cache's hand-out (gpumem__block: states only grow).
