@@ -1139,7 +1139,10 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
  * backend calls, or new memory; gpumem__vm_place_cost); ties: the smaller
  * block, then the lower address. This stream's own free blocks are busy, so
  * they score well. */
-#define VM_CANDIDATES 16
+/* (4, not 16: with 16 the replays' peaks were higher, 1.018 / 1.003 / 1.007 against 1.015 / 1.003 /
+ * 1.005 for bert_dyn, gpt2_gen, resnet50 on sim, with more vm calls, and the random live set of
+ * gpumem-bench cost 278.8 instructions per operation against 266.0; 2 moved more chunks on bert_dyn) */
+#define VM_CANDIDATES 4
 #define VM_SKIP_MAX 32 /* smaller blocks passed over in the request's own bucket */
 
 /* The search's state: the request, and the best candidate so far. */
