@@ -220,12 +220,12 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
     size_t rsize = (size + 255) & ~(size_t)255;
     unsigned k = c->class_of[rsize >> 8];
     unsigned n = c->n[k];
-    size_t last = (size_t)k * GPUMEM__TC_BIN_CAP + n - 1u;
+    size_t top = (size_t)k * GPUMEM__TC_BIN_CAP + n; /* the last block is at top - 1 (when n > 0) */
     size_t bsize;
     /* a block of rsize's class that is not smaller is at most 12.5 % larger (a class spans 12.5 % of
      * its smallest size, and exactly one size below 2 KiB) */
-    if (GPUMEM__LIKELY(n > 0 && (bsize = c->sz[last]) >= rsize && bsize <= c->acct.headroom)) {
-      gpumem__block *b = c->blk[last];
+    if (GPUMEM__LIKELY(n > 0 && (bsize = c->sz[top - 1u]) >= rsize && bsize <= c->acct.headroom)) {
+      gpumem__block *b = c->blk[top - 1u];
       GPUMEM__TC_RMW_BARRIER();
       c->n[k]--;
       c->acct.headroom -= bsize;
