@@ -103,7 +103,13 @@ static void check_and_free(int dev, slot *s, gpumem_stream st, int own_stream) {
 
 static void do_reset(int dev, uint64_t *rng) {
   devstate *D = &g_dev[dev];
-  pthread_rwlock_wrlock(&D->rw);
+  /* every device's write lock (in device order; a worker holds one read lock at a time): the memory
+   * the reset gives back may be handed to another device's pool at the same addresses (sim maps
+   * host memory, and a GPU's address space is shared too), and a stale pointer that is live on
+   * another device is a valid pointer to free. With every device held, no address can be handed
+   * out again before the checks below. (Seen: a stale pointer of device 0 live on device 1 as a
+   * 40 MB block; its free returned GPUMEM_OK, rightly.) */
+  for (int d = 0; d < g_ndev; d++) pthread_rwlock_wrlock(&g_dev[d].rw);
   gpumem_status rc = gpumem_reset(g_ctx, dev, 0);
   if (rc != GPUMEM_OK) {
     record_error("reset(%d): %s", dev, gpumem_status_name(rc));
@@ -112,7 +118,7 @@ static void do_reset(int dev, uint64_t *rng) {
     pthread_mutex_lock(&D->mu);
     for (int i = 0; i < SLOTS; i++) {
       if (!D->slots[i].p) continue;
-      /* nobody can allocate on this device while we hold the write lock: the
+      /* nobody can allocate on any device while we hold the write locks: the
        * address cannot have been handed out again */
       if (checked < 4 && (tu_rand(rng) & 1)) {
         gpumem_status f = gpumem_free(g_ctx, D->slots[i].p, NULL);
@@ -131,7 +137,7 @@ static void do_reset(int dev, uint64_t *rng) {
                    (unsigned long long)s.allocated_bytes, (unsigned long long)s.reserved_bytes);
     atomic_fetch_add(&g_resets, 1);
   }
-  pthread_rwlock_unlock(&D->rw);
+  for (int d = g_ndev - 1; d >= 0; d--) pthread_rwlock_unlock(&g_dev[d].rw);
 }
 
 static void *worker(void *arg) {
