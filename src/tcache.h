@@ -2,11 +2,11 @@
  *
  * gpumem_alloc and gpumem_free try gpumem__tc_fast_alloc / _free first, before
  * any argument check: one thread-local load, a try of the cache's spinlock,
- * a bin look-up, and (for a free) the cache's memory of the blocks it handed
- * out plus one compare-and-swap, all inlined into the entry point. Anything
- * else (a miss, another key, a full bin, the peak moving, the lock taken)
- * returns 0 and the caller checks its arguments and takes the out-of-line
- * path in tcache.c.
+ * a class look-up, and (for a free) the cache's memory of the blocks it handed
+ * out or took in plus one compare-and-swap, all inlined into the entry point.
+ * Anything else (a miss, another key, a full class, the peak moving, the lock
+ * taken) returns 0 or -1 and the caller checks its arguments and takes the
+ * out-of-line path (context.c, tcache.c).
  * The protocol is described at the top of tcache.c and ptrmap.c. */
 #ifndef GPUMEM_TCACHE_H
 #define GPUMEM_TCACHE_H
@@ -255,7 +255,7 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out);
 /* 1: a block this cache remembers, freed into it. 0: nothing changed, take the full path. -1: the
  * cache is keyed to this call's ctx and stream and remembers ptr, but cannot take it (its class is
  * full, the budget, or the block is not live in the state remembered): the cache stays locked, and
- * gpumem__tc_free_held (out of line) unlocks it and takes the full path, with the ctx and stream
+ * free_held (context.c, out of line) unlocks it and takes the full path, with the ctx and stream
  * read from the cache, so that this path keeps only ptr in a register for it. ptr != NULL (the
  * caller tests it: an empty slot's key is 0). Runs before the other argument checks: only a
  * pointer this cache remembers can match, and only on the (ctx, stream) the cache is keyed to. */
