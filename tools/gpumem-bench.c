@@ -8,7 +8,8 @@
  * Patterns (every measurement repeated --repeat times, the median printed):
  *   pair SIZE       alloc+free pairs at 512 B, 64 KiB, 2 MiB, 64 MiB, 1 GiB (ns per pair)
  *   random          RMM-style random live set: up to 1000 live blocks, sizes
- *                   256 B .. 4 MiB log-uniform, random frees (ns per op)
+ *                   256 B .. 4 MiB log-uniform, random frees (ns per op; one
+ *                   untimed pass per allocator first)
  *   threads T       T = 1, 4, 16 threads doing 64 KiB pairs, each on a stream of
  *                   its own (aggregate ns per pair = wall / total pairs)
  *   trace           replay of a trace (ns per event), streams as in gpumem-replay
@@ -279,6 +280,13 @@ typedef struct pattern {
 
 static void measure(const options *o, const pattern *p, row *r) {
   for (int a = 0; a < g_nalloc; a++) r->cells[a].ok = 1;
+  if (p->kind == K_RANDOM) {
+    /* one untimed pass per allocator first, as the pairs' warm-up pair: the timed runs measure the
+     * steady state, not the first growth of each allocator's pool (which took 270-550 ns/op for
+     * libgpumem and 770-840 for PyTorch's allocator on the H200, runs 25-27 of GPU-TESTING.md) */
+    for (int a = 0; a < g_nalloc; a++)
+      if (run_random(&g_alloc[a]) < 0) r->cells[a].ok = 0;
+  }
   for (int rep = 0; rep < o->repeat; rep++) {
     for (int a = 0; a < g_nalloc; a++) { /* interleaved, so drift hits every allocator alike */
       if (!r->cells[a].ok) continue;
