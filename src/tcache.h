@@ -155,26 +155,6 @@ static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t
   o->meta = bsize | k;
 }
 
-/* Take block j of class k for a request of size (tag): live again. Cache lock held, j < c->n[k].
- * The caller accounts the headroom. */
-static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, unsigned k, unsigned j, size_t size, const char *tag) {
-  unsigned n = c->n[k] - 1u;
-  size_t at = (size_t)k * GPUMEM__TC_BIN_CAP, last = at + n;
-  at += j;
-  gpumem__block *b = c->blk[at];
-  size_t bsize = c->sz[at];
-  c->blk[at] = c->blk[last]; /* the last one fills the gap */
-  c->sz[at] = c->sz[last];
-  c->n[k] = (uint8_t)n;
-  b->requested = size;
-  b->tag = tag;
-  gpumem__tc_revive(b); /* live again */
-  c->acct.room += bsize;
-  c->d_req += (int64_t)size;
-  c->d_allocs++;
-  return b;
-}
-
 /* Between a test of cache fields and their update: the compiler forgets the values it loaded, so
  * that the update is one read-modify-write instruction (x86: subb $1, mem) rather than a copy, an
  * add and a store of the value it still had. Changes nothing else (the cache is locked). */
@@ -183,6 +163,36 @@ static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, unsigned k, unsigned 
 #else
 #define GPUMEM__TC_RMW_BARRIER() ((void)0)
 #endif
+
+/* Take the last block of class k (at last = k * GPUMEM__TC_BIN_CAP + n[k] - 1, n[k] > 0; bsize bytes)
+ * for a request of size (tag): live again. Cache lock held; the caller accounts the headroom. */
+static inline __attribute__((always_inline)) gpumem__block *gpumem__tc_take_last(gpumem__tc *c, unsigned k, size_t last,
+                                                                                 size_t bsize, size_t size,
+                                                                                 const char *tag) {
+  gpumem__block *b = c->blk[last];
+  GPUMEM__TC_RMW_BARRIER();
+  c->n[k]--;
+  c->acct.room += bsize;
+  b->requested = size;
+  b->tag = tag;
+  gpumem__tc_revive(b); /* the state the slot that remembers b expects */
+  c->d_req += (int64_t)size;
+  c->d_allocs++;
+  return b;
+}
+
+/* Take block j of class k (j < n[k]) for a request of size (tag): it changes places with the last
+ * block of the class, which is then taken. Cache lock held; the caller accounts the headroom. */
+static inline gpumem__block *gpumem__tc_pop(gpumem__tc *c, unsigned k, unsigned j, size_t size, const char *tag) {
+  size_t base = (size_t)k * GPUMEM__TC_BIN_CAP, last = base + c->n[k] - 1u, at = base + j;
+  gpumem__block *b = c->blk[at];
+  size_t bsize = c->sz[at];
+  c->blk[at] = c->blk[last];
+  c->sz[at] = c->sz[last];
+  c->blk[last] = b;
+  c->sz[last] = bsize;
+  return gpumem__tc_take_last(c, k, last, bsize, size, tag);
+}
 
 /* Keep the block b (of bsize bytes, class k; just claimed: odd state) in its class. Cache lock held. */
 static inline void gpumem__tc_push(gpumem__tc *c, unsigned k, gpumem__block *b, size_t bsize) {
@@ -216,25 +226,18 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
   if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream)) {
-    /* (from here on the call's ctx, dev and stream are the cache's: gpumem__tc_near_hit reads them there) */
+    /* (from here on the call's ctx, dev and stream are the cache's: alloc_near in context.c reads them there) */
     size_t rsize = (size + 255) & ~(size_t)255;
     unsigned k = c->class_of[rsize >> 8];
     unsigned n = c->n[k];
-    size_t top = (size_t)k * GPUMEM__TC_BIN_CAP + n; /* the last block is at top - 1 (when n > 0) */
-    size_t bsize;
+    size_t last, bsize;
     /* a block of rsize's class that is not smaller is at most 12.5 % larger (a class spans 12.5 % of
-     * its smallest size, and exactly one size below 2 KiB) */
-    if (GPUMEM__LIKELY(n > 0 && (bsize = c->sz[top - 1u]) >= rsize && bsize <= c->acct.headroom)) {
-      gpumem__block *b = c->blk[top - 1u];
+     * its smallest size, and exactly one size below 2 KiB); its place is computed once n > 0 */
+    if (GPUMEM__LIKELY(n > 0 && (bsize = c->sz[last = (size_t)k * GPUMEM__TC_BIN_CAP + n - 1u]) >= rsize &&
+                       bsize <= c->acct.headroom)) {
       GPUMEM__TC_RMW_BARRIER();
-      c->n[k]--;
       c->acct.headroom -= bsize;
-      c->acct.room += bsize;
-      b->requested = size;
-      b->tag = tag;
-      gpumem__tc_revive(b); /* live again, as gpumem__tc_pop: the state the slot that remembers b expects */
-      c->d_req += (int64_t)size;
-      c->d_allocs++;
+      gpumem__block *b = gpumem__tc_take_last(c, k, last, bsize, size, tag);
       gpumem__tc_unlock(c);
       *out = (void *)b->addr;
       return 1;
