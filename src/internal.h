@@ -169,16 +169,18 @@ typedef struct gpumem__pool gpumem__pool;
 typedef struct gpumem__block gpumem__block;
 
 /** A block of a segment (pool.c owns it; a live one may sit in a thread cache, tcache.c). */
+/* (The last 32 bytes, addr .. state, are what a thread cache's hits touch; with the struct aligned
+ * to 32 bytes they share one cache line, so a hit reads one line of the block, not two.) */
 struct gpumem__block {
-  uintptr_t addr;
-  size_t size;                 /* multiple of 256 */
+  _Alignas(32) size_t size;    /* multiple of 256 */
   struct gpumem__segment *seg;
   gpumem__block *prev, *next;  /* address order within the segment */
   gpumem__block *fprev, *fnext;/* bucket list of the fidx (free blocks) */
   struct gpumem__fidx *idx;    /* the fidx holding it, NULL = live (or in a thread cache) */
+  uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
+  uintptr_t addr;
   size_t requested;            /* live: bytes asked for */
   const char *tag;             /* live: tag for leak reports */
-  uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
   /* Ownership state. Odd: in a thread cache (still in the pointer index, but
    * not live). Even: live while in the index, else free in the pool. Every
    * change adds 1 or 2 and the value survives the block struct's reuse, so a
@@ -190,6 +192,8 @@ struct gpumem__block {
 
 _Static_assert(offsetof(gpumem__block, state) + sizeof(_Atomic uint64_t) == sizeof(gpumem__block),
                "state is the last field: block_new (pool.c) clears the others");
+_Static_assert(offsetof(gpumem__block, addr) % 32 == 0 && offsetof(gpumem__block, state) - offsetof(gpumem__block, addr) == 24,
+               "addr, requested, tag and state: one aligned 32-byte group");
 
 /** The block is in a thread cache (not live). */
 static inline int gpumem__block_cached(const gpumem__block *b) {

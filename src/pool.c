@@ -296,7 +296,7 @@ static int block_reserve(gpumem__pool *p, int n) {
   int have = 0;
   for (gpumem__block *b = p->bfree; b != NULL && have < n; b = b->next) have++;
   if (have >= n) return 0;
-  gpumem__slab *s = malloc(sizeof *s);
+  gpumem__slab *s = aligned_alloc(_Alignof(gpumem__slab), sizeof *s); /* the blocks' 32-byte alignment */
   if (s == NULL) return -1;
   s->next = p->slabs;
   p->slabs = s;
