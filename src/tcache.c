@@ -199,12 +199,12 @@ static void tc_miss(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_
 }
 
 /* The smallest cached block of rsize .. rsize + rsize / 8 (at most 12.5 % more than asked, like a
- * size class): 1 and its class in *k, its place there in *at; or 0. Such blocks are in rsize's class
+ * size class): its size, its class in *k and its place there in *at; or 0. Such blocks are in rsize's class
  * or the two above it, and every block of a class is smaller than every block of the next: the first
  * of those classes that has one holds the smallest. Requests of random sizes rarely find their exact
  * size again; a near one spares the pool path (several hundred instructions and, on a GPU, at times
  * an event call) for a bounded waste. Cache lock held, rsize <= GPUMEM__TC_MAX_SIZE. */
-static int near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned *at) {
+static size_t near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned *at) {
   if (gpumem__tc_acct_cached(&c->acct) < rsize) return 0; /* no cached block is that large */
   const size_t hi = rsize + rsize / 8;
   unsigned first = c->class_of[rsize >> 8];
@@ -222,7 +222,7 @@ static int near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned *at
     if (best < n) {
       *k = i;
       *at = best;
-      return 1;
+      return bs;
     }
   }
   return 0;
@@ -232,19 +232,16 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size <= GPUMEM__TC_MAX_SIZE */
   unsigned k = 0, at = 0;
-  int found = size != 0 && near_fit(c, rsize, &k, &at);
-  if (found) {
-    size_t bsize = c->sz[(size_t)k * GPUMEM__TC_BIN_CAP + at];
-    if (bsize <= c->acct.headroom) {
-      c->acct.headroom -= bsize;
-      gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
-      gpumem__tc_unlock(c);
-      *out = (void *)b->addr;
-      return 1;
-    }
+  size_t bsize = size != 0 ? near_fit(c, rsize, &k, &at) : 0;
+  if (bsize != 0 && bsize <= c->acct.headroom) {
+    c->acct.headroom -= bsize;
+    gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
+    gpumem__tc_unlock(c);
+    *out = (void *)b->addr;
+    return 1;
   }
   gpumem__tc_unlock(c);
-  return found ? -1 : 0;
+  return bsize != 0 ? -1 : 0;
 }
 
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
@@ -267,7 +264,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     if (size <= GPUMEM__TC_MAX_SIZE && !looked) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
       unsigned k = 0, at = 0;
-      if (near_fit(c, rsize, &k, &at)) {
+      if (near_fit(c, rsize, &k, &at) != 0) {
         gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
         if (b->size <= c->acct.headroom) {
           c->acct.headroom -= b->size;

@@ -23,6 +23,13 @@
 #ifndef GPUMEM__HAS_TSAN
 #define GPUMEM__HAS_TSAN 0
 #endif
+/* 1: the hot paths use their x86-64 instructions (gpumem__tc_trylock, gpumem__tc_revive); 0: C11
+ * atomics, also under ThreadSanitizer, which sees only those. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !GPUMEM__HAS_TSAN
+#define GPUMEM__TC_X86 1
+#else
+#define GPUMEM__TC_X86 0
+#endif
 
 #define GPUMEM__TC_MAX_SIZE ((size_t)1 << 20)   /* block sizes cached: up to 1 MiB */
 #define GPUMEM__TC_CLASSES 81                   /* size classes: gpumem__tc_class(GPUMEM__TC_MAX_SIZE) + 1 */
@@ -104,7 +111,7 @@ static inline void gpumem__tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->
  * atomic to readers, x86 keeps stores in order, and the "memory" clobber keeps the compiler from
  * moving the field writes after it. (Not under ThreadSanitizer, which sees only C11 atomics.) */
 static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__block *b) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !GPUMEM__HAS_TSAN
+#if GPUMEM__TC_X86
   __asm__ volatile("addq $1, %0" : "+m"(*(uint64_t *)&b->state) : : "memory");
 #else
   atomic_store_explicit(&b->state, atomic_load_explicit(&b->state, memory_order_relaxed) + 1u, memory_order_release);
@@ -112,7 +119,7 @@ static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__bloc
 }
 /* The inlined hits only try the lock: held by another thread (a flush), they leave it to the full
  * path, and with no call left in them they need no saved registers. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !GPUMEM__HAS_TSAN
+#if GPUMEM__TC_X86
 /* x86-64: one `lock bts` and a jump, with no register for the value (an exchange needs one, and a
  * test). A locked instruction is a full barrier, and the "memory" clobber keeps the compiler from
  * moving accesses across it: an acquire. (Not under ThreadSanitizer, which sees only C11 atomics.) */
