@@ -20,7 +20,9 @@
  * than 4 GiB), and is flushed before its pool would map or grow for
  * this thread (the pool's nogrow): its blocks, coalesced, may serve instead.
  * A flush removes its cached blocks' entries and gives the blocks to the
- * pool, and forgets what the cache remembered.
+ * pool, and forgets them; a rekey, reset or detach forgets every block the
+ * cache remembered, a flush for growth, out of memory or trim keeps the live
+ * ones remembered.
  * Stream order: the cache only ever serves the stream the block was freed
  * on. Cached blocks are live for the pool; statistics are the pool's
  * adjusted by every cache's counters, read under every cache lock.
@@ -71,10 +73,17 @@ static void own_clear(gpumem__tc *c) {
   for (int i = 0; i < GPUMEM__TC_OWN; i++) c->own[i].key = GPUMEM__TC_OWN_EMPTY;
 }
 
-/* Give every cached block back to c->pool and fold the counters. Cache lock held. */
-static void flush_locked(gpumem__tc *c, int named) {
+/* Give every cached block back to c->pool and fold the counters. Cache lock held.
+ * forget: every remembered block is forgotten (a reset or destroy may drop them, a rekey makes them
+ * another pool's). Else only the blocks given back are: the remembered live blocks stay, so that
+ * their frees after a flush for growth, out of memory or trim still find them here. That is safe
+ * because those flushes free no block record (only a reset or destroy frees the slabs), and a
+ * remembered live block's slot expects its state now, which only moves on (a free of it anywhere
+ * else makes the slot's claim fail). A block given back is forgotten: the removal from the index
+ * makes its state the one its slot anticipated for the next pop. */
+static void flush_locked(gpumem__tc *c, int named, int forget) {
   c->flushes++;
-  own_clear(c); /* the blocks it remembers may be reset or of another pool next */
+  if (forget) own_clear(c);
   if (c->pool == NULL) return;
   if (gpumem__tc_acct_cached(&c->acct) == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
   gpumem__block *all[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
@@ -82,6 +91,8 @@ static void flush_locked(gpumem__tc *c, int named) {
   for (int k = 0; k < GPUMEM__TC_CLASSES; k++) {
     while (c->n[k] > 0) {
       gpumem__block *b = c->blk[(size_t)k * GPUMEM__TC_BIN_CAP + --c->n[k]];
+      gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
+      if (o->key == b->addr) o->key = GPUMEM__TC_OWN_EMPTY;
       /* cached: no one else removes or claims the entry, so it is there; the removal makes the state even */
       (void)gpumem__ptrmap_remove(&c->ctx->map, b->addr, c->pool, 1);
       all[n++] = b;
@@ -108,7 +119,7 @@ static void tc_detach(gpumem__tc *c) {
 }
 
 static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
-  if (c->ctx != NULL) flush_locked(c, 0);
+  if (c->ctx != NULL) flush_locked(c, 0, 1);
   if (GPUMEM__MON_ON(ctx)) {
     /* monitoring: the inlined hits must miss (trace.c detaches every cache when it turns it on) */
     tc_detach(c);
@@ -127,7 +138,7 @@ static void tc_destructor(void *arg) {
   gpumem__tc *c = arg;
   pthread_mutex_lock(&g_reg);
   gpumem__tc_lock(c);
-  if (c->ctx != NULL) flush_locked(c, 0);
+  if (c->ctx != NULL) flush_locked(c, 0, 1);
   tc_detach(c);
   if (c->prev != NULL) c->prev->next = c->next;
   else g_list = c->next;
@@ -290,7 +301,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * streams' next calls, as at any rekey). */
     acct->grow_blocked = 0;
     gpumem__tc_lock(c);
-    if (c->ctx == ctx && c->pool == p) flush_locked(c, c->stream == stream);
+    if (c->ctx == ctx && c->pool == p) flush_locked(c, c->stream == stream, 0);
     gpumem__tc_unlock(c);
     if (gpumem__pool_tc_keyed(p, 0) > 1) (void)gpumem__tc_flush(ctx, p, 0); /* the other threads' caches of p */
     st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
@@ -383,7 +394,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
     gpumem__tc_lock(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
       for (int k = 0; k < GPUMEM__TC_CLASSES; k++) n += c->n[k];
-      flush_locked(c, 0);
+      flush_locked(c, 0, detach); /* a detach (destroy, monitoring) forgets every remembered block */
       if (detach) tc_detach(c);
     }
     gpumem__tc_unlock(c);
@@ -404,7 +415,7 @@ void gpumem__tc_unlock_all(void) {
 
 void gpumem__tc_flush_locked(gpumem_context *ctx, gpumem__pool *p) {
   for (gpumem__tc *c = g_list; c != NULL; c = c->next)
-    if (c->ctx == ctx && c->pool == p) flush_locked(c, 0);
+    if (c->ctx == ctx && c->pool == p) flush_locked(c, 0, 1); /* a reset drops the blocks */
 }
 
 void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *one) {

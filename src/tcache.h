@@ -42,11 +42,13 @@
  * state the block has while it is live by this cache's hand-out (gpumem__block: states only grow).
  * A block freed into the cache is remembered with the state its next pop gives it (the state at
  * the free plus 2; only this cache's owner changes the state of a cached block, by one pop, and a
- * flush forgets every block first). While the block's state equals `state`, it is that same live
+ * flush forgets every block it gives back). While the block's state equals `state`, it is that same live
  * allocation, so a free by this thread claims it with one compare-and-swap, without the index.
  * The pop itself writes nothing here. key GPUMEM__TC_OWN_EMPTY = empty. Entries refer to blocks of
- * c->pool only: every flush and rekey clears them (a pool reset frees block structs only after
- * flushing every cache under its lock). */
+ * c->pool only: a rekey, a reset's flush and a detach clear them all (a pool reset frees block
+ * structs only after flushing every cache under its lock); the other flushes (growth, out of
+ * memory, trim) clear the slots of the blocks they give back and keep the live ones (tcache.c
+ * flush_locked). */
 typedef struct gpumem__tc_own {
   uintptr_t key;               /* the block's address */
   gpumem__block *b;
@@ -281,7 +283,7 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_free(gpumem_con
     uint64_t state = o->state;
     gpumem__block *b = o->b;
     /* (the slot stays, expecting the state the next pop gives the block: the block's
-     * state passes it only through that pop, and a flush empties every slot) */
+     * state passes it only through that pop, and a flush forgets the blocks it gives back) */
     if (GPUMEM__LIKELY(gpumem__tc_fits(c, k, bsize)) &&
         GPUMEM__LIKELY(atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
                                                                memory_order_relaxed))) {

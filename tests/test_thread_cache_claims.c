@@ -267,6 +267,51 @@ static void test_remembered_at_index_free(void **state) {
   tu_ctx_done(g_ctx);
 }
 
+/* ---- a flush for trim or growth keeps the live blocks remembered, forgets the ones it gives back - */
+
+/* p (live) and q (cached) are remembered by this thread; a flush that frees no block record (trim,
+ * growth, out of memory) gives q back to the pool and forgets it, and keeps p: p's free after it is
+ * still claimed, q's is a double free (the pool holds q's record in the state its slot anticipated
+ * for the next pop, so a slot left behind would claim a free block of the pool). */
+static void flush_then_free(gpumem_context *ctx, int by_growth) {
+  void *p, *q, *big = NULL;
+  assert_status(gpumem_alloc(ctx, 0, SZ, NULL, &p), GPUMEM_OK); /* hits: remembered live */
+  assert_status(gpumem_alloc(ctx, 0, SZ, NULL, &q), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, q, NULL), GPUMEM_OK); /* cached, remembered for its next pop */
+  if (by_growth) {
+    /* more than the pool holds: it grows, and the cache is flushed first (tcache.c gpumem__tc_alloc) */
+    assert_status(gpumem_alloc(ctx, 0, (size_t)512 << 20, NULL, &big), GPUMEM_OK);
+  } else {
+    assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  }
+  assert_status(gpumem_free(ctx, q, NULL), GPUMEM_ERR_INVALID_POINTER); /* given back: not live */
+  size_t req = 0;
+  assert_status(gpumem_ptr_info(ctx, p, &req, NULL), GPUMEM_OK);
+  assert_int_equal(req, SZ);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_free(ctx, q, NULL), GPUMEM_ERR_INVALID_POINTER);
+  if (big != NULL) assert_status(gpumem_free(ctx, big, NULL), GPUMEM_OK);
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+}
+
+static void test_flush_keeps_live_memories(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  uint64_t allocs = 0;
+  for (int by_growth = 0; by_growth < 2; by_growth++) {
+    for (int r = 0; r < 3; r++) {
+      warm(ctx);
+      flush_then_free(ctx, by_growth);
+      allocs += 6 + (uint64_t)by_growth; /* warm's 4, p, q, big */
+    }
+  }
+  /* the freed blocks come back from the pool and the cache serves them as before */
+  warm(ctx);
+  assert_clean(ctx, allocs + 4);
+  tu_ctx_done(ctx);
+}
+
 /* ---- a reset between the hit and the free: the memory is dropped, the free rejected ------------ */
 
 static void test_reset_drops_memories(void **state) {
@@ -340,6 +385,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_stale_memory, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_race_with_remembering_thread, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_remembered_at_index_free, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_flush_keeps_live_memories, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_reset_drops_memories, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_trace_with_warm_cache, tu_setup, tu_teardown),
   };
