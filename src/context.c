@@ -301,7 +301,7 @@ static GPUMEM__NOIPA gpumem_status free_held(void *unused0, void *ptr) {
   gpumem__tc *c = gpumem__tls_tc;
   gpumem_context *ctx = c->ctx;
   gpumem_stream stream = c->stream;
-  gpumem__tc_unlock(c);
+  gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
   return free_checked(ctx, ptr, stream);
 }
 

@@ -40,6 +40,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__linux__) && defined(__has_include)
+#if __has_include(<linux/membarrier.h>) && __has_include(<sys/syscall.h>)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__NR_membarrier)
+#define GPUMEM__TC_MEMBARRIER 1
+#endif
+#endif
+#endif
+#ifndef GPUMEM__TC_MEMBARRIER
+#define GPUMEM__TC_MEMBARRIER 0
+#endif
+
 #define TC_REKEY_MISSES 16 /* calls on another key before a non-empty cache is flushed and rekeyed */
 
 static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
@@ -51,20 +65,88 @@ gpumem__tc gpumem__tc_none = {.ctx = (gpumem_context *)&gpumem__tc_none};
 _Thread_local gpumem__tc *gpumem__tls_tc = &gpumem__tc_none;
 static _Thread_local int tls_dead; /* the destructor ran: no new cache for this thread */
 
-void gpumem__tc_lock_slow(gpumem__tc *c) {
-  for (;;) {
-    for (int i = 0; i < 64; i++)
-      if (atomic_load_explicit(&c->busy, memory_order_relaxed) == 0 &&
-          atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0)
-        return;
+int gpumem__tc_asym;
+
+/* membarrier(2): a full memory barrier on every running thread of this process (tcache.h: the
+ * asymmetric cache lock). */
+static int heavy_barrier(void) {
+#if GPUMEM__TC_MEMBARRIER
+  return syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 ? 0 : -1;
+#else
+  return -1;
+#endif
+}
+
+/* Once, before the first cache: 1 when the process is registered for expedited membarriers (the
+ * registration is kept across fork, and is per process: every thread is covered). */
+static int asym_init(void) {
+#if GPUMEM__TC_MEMBARRIER
+  const char *e = getenv("GPUMEM_TC_LOCKED"); /* tests: the spinlock protocol, as without membarrier */
+  if (e != NULL && e[0] == '1') return 0;
+  long q = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (q < 0 || (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return 0;
+  if (syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) return 0;
+  return heavy_barrier() == 0;
+#else
+  return 0;
+#endif
+}
+
+static void spin_pause(int *i) {
+  if (++*i >= 64) {
+    *i = 0;
     sched_yield();
   }
+}
+
+/* The owner's side: wait while another thread holds (or wants) the cache, then take it. Without
+ * membarrier: the spinlock. */
+void gpumem__tc_lock_slow(gpumem__tc *c) {
+  int i = 0;
+  if (!gpumem__tc_asym) {
+    for (;;) {
+      if (atomic_load_explicit(&c->lk, memory_order_relaxed) == 0 &&
+          atomic_exchange_explicit(&c->lk, 1, memory_order_acquire) == 0)
+        return;
+      spin_pause(&i);
+    }
+  }
+  for (;;) {
+    while (atomic_load_explicit(&c->remote, memory_order_relaxed) != 0) spin_pause(&i);
+    atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&c->remote, memory_order_acquire) == 0) return;
+    atomic_store_explicit(&c->busy, 0, memory_order_release);
+  }
+}
+
+/* Another thread's side (g_reg held: one such thread at a time). Without membarrier: the spinlock. */
+static void remote_want(gpumem__tc *c) {
+  if (gpumem__tc_asym) atomic_store_explicit(&c->remote, 1, memory_order_seq_cst);
+}
+static void remote_wait(gpumem__tc *c) {
+  int i = 0;
+  if (!gpumem__tc_asym) {
+    for (;;) {
+      if (atomic_load_explicit(&c->lk, memory_order_relaxed) == 0 &&
+          atomic_exchange_explicit(&c->lk, 1, memory_order_acquire) == 0)
+        return;
+      spin_pause(&i);
+    }
+  }
+  while (atomic_load_explicit(&c->busy, memory_order_acquire) != 0) spin_pause(&i);
+}
+static void remote_unlock(gpumem__tc *c) {
+  if (gpumem__tc_asym) atomic_store_explicit(&c->remote, 0, memory_order_release);
+  else atomic_store_explicit(&c->lk, 0, memory_order_release);
 }
 
 /* A new (zeroed) cache: unlocked, empty, detached. */
 static void own_clear(gpumem__tc *c);
 static void tc_init(gpumem__tc *c) {
   atomic_init(&c->busy, 0);
+  atomic_init(&c->remote, gpumem__tc_asym ? 0 : GPUMEM__TC_REMOTE_LOCKED);
+  atomic_init(&c->lk, 0);
   own_clear(c);
   for (size_t u = 0; u <= GPUMEM__TC_MAX_SIZE >> 8; u++) c->class_of[u] = (uint8_t)gpumem__tc_class(u << 8);
 }
@@ -174,6 +256,7 @@ static void fork_child(void) {
 }
 
 static void key_init(void) {
+  gpumem__tc_asym = asym_init(); /* before the first cache: every cache is made with one protocol */
   g_key_ok = pthread_key_create(&g_key, tc_destructor) == 0;
   if (g_key_ok && pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) {
     (void)pthread_key_delete(g_key);
@@ -247,11 +330,11 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   if (bsize != 0 && bsize <= c->acct.headroom) {
     c->acct.headroom -= bsize;
     gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
-    gpumem__tc_unlock(c);
+    gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
     *out = (void *)b->addr;
     return 1;
   }
-  gpumem__tc_unlock(c);
+  gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
   return bsize != 0 ? -1 : 0;
 }
 
@@ -390,14 +473,17 @@ uint64_t gpumem__tc_cached_bytes(void) {
 size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
   size_t n = 0;
   pthread_mutex_lock(&g_reg);
+  /* every cache is asked for at once, with one barrier; each is given back as soon as it is done */
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) remote_want(c);
+  if (gpumem__tc_asym && g_list != NULL) (void)heavy_barrier();
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) {
-    gpumem__tc_lock(c);
+    remote_wait(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
       for (int k = 0; k < GPUMEM__TC_CLASSES; k++) n += c->n[k];
       flush_locked(c, 0, detach); /* a detach (destroy, monitoring) forgets every remembered block */
       if (detach) tc_detach(c);
     }
-    gpumem__tc_unlock(c);
+    remote_unlock(c);
   }
   pthread_mutex_unlock(&g_reg);
   return n;
@@ -405,11 +491,13 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
 
 void gpumem__tc_lock_all(void) {
   pthread_mutex_lock(&g_reg);
-  for (gpumem__tc *c = g_list; c != NULL; c = c->next) gpumem__tc_lock(c);
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) remote_want(c);
+  if (gpumem__tc_asym && g_list != NULL) (void)heavy_barrier();
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) remote_wait(c);
 }
 
 void gpumem__tc_unlock_all(void) {
-  for (gpumem__tc *c = g_list; c != NULL; c = c->next) gpumem__tc_unlock(c);
+  for (gpumem__tc *c = g_list; c != NULL; c = c->next) remote_unlock(c);
   pthread_mutex_unlock(&g_reg);
 }
 

@@ -64,7 +64,9 @@ typedef struct gpumem__tc_own {
  * sz[...] (any size of the class), the most recently freed last. Flat arrays, so that one lea
  * finds the last block of a class. */
 typedef struct gpumem__tc {
-  atomic_int busy;             /* the spinlock */
+  atomic_int busy;             /* the owner holds the cache (the asymmetric lock, below) */
+  atomic_int remote;           /* another thread holds it or wants it; GPUMEM__TC_REMOTE_LOCKED: no membarrier */
+  atomic_int lk;               /* the spinlock of every side when there is no membarrier */
   int dev;                     /* key: device of pool */
   gpumem_context *ctx;         /* key; NULL = detached (then every bin and own entry is empty) */
   gpumem_stream stream;        /* key */
@@ -98,13 +100,39 @@ extern _Thread_local gpumem__tc *gpumem__tls_tc;
  * locked but by those hits' try-lock, never changed. */
 extern gpumem__tc gpumem__tc_none;
 
+/* The cache lock is asymmetric. Its owner (the thread whose cache it is) takes it with plain stores
+ * and loads, no locked instruction: it sets `busy`, then reads `remote`; zero, the cache is its own
+ * until it clears `busy`. Another thread (a flush, statistics, a reset: always under g_reg, so one
+ * at a time) sets `remote`, then makes every running thread of the process execute a full memory
+ * barrier (membarrier(2), MEMBARRIER_CMD_PRIVATE_EXPEDITED), then waits for `busy` to be clear.
+ * After that barrier, either the owner's `busy` is visible to it, or the owner's read of `remote`
+ * comes after the barrier and sees it set (the owner then clears `busy` and waits, or, in an inlined
+ * hit, takes the full path). This is Dekker's mutual exclusion with the owner's fence moved to the
+ * rare side (userspace RCU, folly's asymmetric fences, the JVM's biased locks do the same).
+ * Where membarrier is not available (not Linux, an old kernel, a seccomp filter), `remote` stays at
+ * GPUMEM__TC_REMOTE_LOCKED: every inlined hit misses, and the owner and the others share `lk`, a
+ * plain spinlock, on the out-of-line paths (correct, slower). */
+#define GPUMEM__TC_REMOTE_LOCKED 2
+/* 1: membarrier is registered and the asymmetric protocol is in use (set once, before any cache exists) */
+extern int gpumem__tc_asym;
+
 void gpumem__tc_lock_slow(gpumem__tc *c);
 
+/* Take the calling thread's own cache lock (c == gpumem__tls_tc, or the destructor's cache), waiting
+ * for another thread that holds it. */
 static inline void gpumem__tc_lock(gpumem__tc *c) {
-  if (GPUMEM__LIKELY(atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0)) return;
+  if (GPUMEM__LIKELY(gpumem__tc_asym)) {
+    atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst); /* the store, then the load (the other side's barrier orders them) */
+    if (GPUMEM__LIKELY(atomic_load_explicit(&c->remote, memory_order_acquire) == 0)) return;
+    atomic_store_explicit(&c->busy, 0, memory_order_release);
+  }
   gpumem__tc_lock_slow(c);
 }
-static inline void gpumem__tc_unlock(gpumem__tc *c) { atomic_store_explicit(&c->busy, 0, memory_order_release); }
+static inline void gpumem__tc_unlock(gpumem__tc *c) {
+  if (GPUMEM__LIKELY(gpumem__tc_asym)) atomic_store_explicit(&c->busy, 0, memory_order_release);
+  else atomic_store_explicit(&c->lk, 0, memory_order_release);
+}
 
 /* A cached block becomes live again: its state goes odd -> even, with release order (a free or
  * gpumem_ptr_info that sees the new state sees the fields written before). Only the owner of the
@@ -119,23 +147,35 @@ static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__bloc
   atomic_store_explicit(&b->state, atomic_load_explicit(&b->state, memory_order_relaxed) + 1u, memory_order_release);
 #endif
 }
-/* The inlined hits only try the lock: held by another thread (a flush), they leave it to the full
- * path, and with no call left in them they need no saved registers. */
+/* The inlined hits only try the owner's side of the lock: held by another thread (a flush), or with
+ * no membarrier (`remote` stays GPUMEM__TC_REMOTE_LOCKED), they leave it to the full path, and with
+ * no call left in them they need no saved registers. Two plain stores and a load, no locked
+ * instruction; the unlock is gpumem__tc_unlock_fast. */
 #if GPUMEM__TC_X86
-/* x86-64: one `lock bts` and a jump, with no register for the value (an exchange needs one, and a
- * test). A locked instruction is a full barrier, and the "memory" clobber keeps the compiler from
- * moving accesses across it: an acquire. (Not under ThreadSanitizer, which sees only C11 atomics.) */
+/* x86-64: the store, and a compare of `remote` in memory (no register for its value). x86 keeps
+ * loads in order, and the "memory" clobber keeps the compiler from moving accesses across: the
+ * load is an acquire. (Not under ThreadSanitizer, which sees only C11 atomics.) */
 static inline __attribute__((always_inline)) int gpumem__tc_trylock(gpumem__tc *c) {
-  __asm__ goto("lock btsl $0, %0\n\tjc %l[taken]" : : "m"(c->busy) : "memory", "cc" : taken);
+  __asm__ goto("movl $1, %0\n\tcmpl $0, %1\n\tjne %l[taken]" : : "m"(c->busy), "m"(c->remote) : "memory", "cc"
+               : taken);
   return 1;
 taken:
+  atomic_store_explicit(&c->busy, 0, memory_order_release);
   return 0;
 }
 #else
-static inline int gpumem__tc_trylock(gpumem__tc *c) {
-  return atomic_exchange_explicit(&c->busy, 1, memory_order_acquire) == 0;
+static inline __attribute__((always_inline)) int gpumem__tc_trylock(gpumem__tc *c) {
+  atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
+  atomic_signal_fence(memory_order_seq_cst);
+  if (GPUMEM__LIKELY(atomic_load_explicit(&c->remote, memory_order_acquire) == 0)) return 1;
+  atomic_store_explicit(&c->busy, 0, memory_order_release);
+  return 0;
 }
 #endif
+/* Release what gpumem__tc_trylock took (the protocol is then the asymmetric one). */
+static inline __attribute__((always_inline)) void gpumem__tc_unlock_fast(gpumem__tc *c) {
+  atomic_store_explicit(&c->busy, 0, memory_order_release);
+}
 
 /* The size class of a block or rounded request of bsize <= GPUMEM__TC_MAX_SIZE bytes: in units of
  * 256 B, exact below 8 units (2 KiB), then 8 classes per power of two (a class spans 12.5 % of its
@@ -247,13 +287,13 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
       GPUMEM__TC_RMW_BARRIER();
       c->acct.headroom -= bsize;
       gpumem__block *b = gpumem__tc_take_last(c, k, last, bsize, size, tag);
-      gpumem__tc_unlock(c);
+      gpumem__tc_unlock_fast(c);
       *out = (void *)b->addr;
       return 1;
     }
     return -1;
   }
-  gpumem__tc_unlock(c);
+  gpumem__tc_unlock_fast(c);
   return 0;
 }
 
@@ -290,12 +330,12 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_free(gpumem_con
       GPUMEM__TC_RMW_BARRIER();
       o->state += 2u; /* (o->state was state: the claim's swap compared it) */
       gpumem__tc_push(c, k, b, bsize);
-      gpumem__tc_unlock(c);
+      gpumem__tc_unlock_fast(c);
       return 1;
     }
     return -1;
   }
-  gpumem__tc_unlock(c);
+  gpumem__tc_unlock_fast(c);
   return 0;
 }
 
