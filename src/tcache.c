@@ -28,10 +28,12 @@
  * adjusted by every cache's counters, read under every cache lock.
  *
  * Locks: g_reg (the list of every thread cache) -> cache locks (list
- * order) -> pool lock -> pointer-index shard lock. A cache lock is a
- * spinlock its owner holds only inside an allocator call (never across the
- * pool's out-of-memory callback), so flushes by other threads (trim, reset,
- * out of memory, destroy, statistics) never wait on a blocked thread.
+ * order) -> pool lock -> pointer-index shard lock. A cache lock is
+ * asymmetric (tcache.h): its owner takes it with plain stores and holds it
+ * only inside an allocator call (never across the pool's out-of-memory
+ * callback), so flushes by other threads (trim, reset, out of memory,
+ * destroy, statistics), which take it under g_reg with one membarrier for
+ * all caches, never wait on a blocked thread.
  * Thread exit (a pthread key destructor) flushes the cache and frees it;
  * gpumem_destroy flushes and detaches every cache of the context.
  */
