@@ -474,6 +474,8 @@ uint64_t gpumem__tc_cached_bytes(void) {
 
 size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
   size_t n = 0;
+  /* the protocol is fixed before the first cache exists: read it only after that choice */
+  (void)pthread_once(&g_once, key_init);
   pthread_mutex_lock(&g_reg);
   /* every cache is asked for at once, with one barrier; each is given back as soon as it is done */
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) remote_want(c);
@@ -492,6 +494,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
 }
 
 void gpumem__tc_lock_all(void) {
+  (void)pthread_once(&g_once, key_init); /* (as in gpumem__tc_flush) */
   pthread_mutex_lock(&g_reg);
   for (gpumem__tc *c = g_list; c != NULL; c = c->next) remote_want(c);
   if (gpumem__tc_asym && g_list != NULL) (void)heavy_barrier();
