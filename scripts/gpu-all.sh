@@ -55,6 +55,11 @@ cmocka_path() {
   export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 if want soak || want soakbg; then cmocka_path; fi
+# soak without suite on a fresh machine: the suite's build stage builds the tests first
+if { want soak || want soakbg; } && ! want suite && [ ! -x "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak" ]; then
+  part soak-build 300 env OUT="$W/suite" GPU_SUITE_STAGES=build bash scripts/gpu-suite.sh
+  cmocka_path
+fi
 want soak && part soak "$((${SOAK_SECONDS:-60} + 30))" env GPUMEM_TEST_BACKEND=cuda GPUMEM_LOG=off \
   GPUMEM_SOAK_SECONDS="${SOAK_SECONDS:-60}" GPUMEM_SOAK_THREADS=16 GPUMEM_SOAK_MAX_MIB=2048 "${GPUMEM_GPU_BUILD:-$ROOT/build-gpu}/tests/test_soak"
 want replay && part replay 200 env OUT="$W/bench" BUILD=build-gpu-bench bash scripts/gpu-bench.sh build info replay
