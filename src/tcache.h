@@ -1,7 +1,7 @@
 /* tcache.h: the per-thread cache's layout and its inlined hot paths (issue 4).
  *
  * gpumem_alloc and gpumem_free try gpumem__tc_fast_alloc / _free first, before
- * any argument check: one thread-local load, a try of the cache's spinlock,
+ * any argument check: one thread-local load, a try of the cache's lock (a plain store and a load),
  * a class look-up, and (for a free) the cache's memory of the blocks it handed
  * out or took in plus one compare-and-swap, all inlined into the entry point.
  * Anything else (a miss, another key, a full class, the peak moving, the lock
@@ -149,7 +149,7 @@ static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__bloc
 }
 /* The inlined hits only try the owner's side of the lock: held by another thread (a flush), or with
  * no membarrier (`remote` stays GPUMEM__TC_REMOTE_LOCKED), they leave it to the full path, and with
- * no call left in them they need no saved registers. Two plain stores and a load, no locked
+ * no call left in them they need no saved registers. A plain store and a load, no locked
  * instruction; the unlock is gpumem__tc_unlock_fast. */
 #if GPUMEM__TC_X86
 /* x86-64: the store, and a compare of `remote` in memory (no register for its value). x86 keeps
