@@ -370,6 +370,7 @@ struct gpumem_context {
   gpumem__ptrmap map;
   unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */
   int tc_on;                    /* per-thread caches in use (tcache.c); set at create */
+  atomic_int tc_said;           /* tcache.c: the caches' lock protocol was logged for this context */
   /* trace.c: monitoring (traces, checking-tool annotations) */
   _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
   gpumem__mutex trace_lock;     /* guards trace and the trace file */

@@ -81,10 +81,13 @@ static int heavy_barrier(void) {
 
 /* Once, before the first cache: 1 when the process is registered for expedited membarriers (the
  * registration is kept across fork, and is per process: every thread is covered). */
+static const char *g_asym_why = "membarrier(2) not built in: not Linux"; /* why not, for the log */
 static int asym_init(void) {
 #if GPUMEM__TC_MEMBARRIER
   const char *e = getenv("GPUMEM_TC_LOCKED"); /* tests: the spinlock protocol, as without membarrier */
+  g_asym_why = "GPUMEM_TC_LOCKED=1";
   if (e != NULL && e[0] == '1') return 0;
+  g_asym_why = "membarrier(2) not available: an old kernel, or a seccomp filter";
   long q = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   if (q < 0 || (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return 0;
   if (syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) return 0;
@@ -200,6 +203,17 @@ static void tc_detach(gpumem__tc *c) {
   tc_set_pool(c, NULL);
   c->acct.budget = c->acct.room = 0;
   c->acct.headroom = 0;
+}
+
+/* Once per context, at its first thread cache: which lock protocol the caches use (info), so that a
+ * user who finds the hits slow (a container whose seccomp filter blocks membarrier) can see why. */
+static void tc_say_protocol(gpumem_context *ctx) {
+  if (GPUMEM__LIKELY(atomic_load_explicit(&ctx->tc_said, memory_order_relaxed) != 0)) return;
+  if (atomic_exchange_explicit(&ctx->tc_said, 1, memory_order_relaxed) != 0) return;
+  if (gpumem__tc_asym)
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "thread caches: asymmetric lock (membarrier), inlined hits");
+  else
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "thread caches: spinlock, no inlined hits (%s)", g_asym_why);
 }
 
 static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
@@ -344,6 +358,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
                                const char *tag, void **out, int looked) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
+  tc_say_protocol(ctx); /* (no lock held: the log callback may do what it likes) */
   gpumem__tc_acct *acct = NULL;
   unsigned flushes = 0;
   gpumem__tc_lock(c);
@@ -412,6 +427,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
 gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
+  tc_say_protocol(ctx);
   uintptr_t key = (uintptr_t)ptr;
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(&ctx->map, h);

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -149,10 +150,46 @@ static void test_owners_come_and_go(void **state) {
   for (int r = 0; r < rounds; r++) run_owners_against_taker();
 }
 
+/* ---- the protocol is logged (info) once per context, at its first thread-cache call ------------ */
+
+static int g_said, g_said_asym, g_said_locked_env;
+static void on_log(void *user, gpumem_log_level level, const char *msg) {
+  (void)user;
+  if (level != GPUMEM_LOG_INFO || strncmp(msg, "thread caches: ", 15) != 0) return;
+  g_said++;
+  g_said_asym += strstr(msg, "asymmetric lock (membarrier)") != NULL;
+  g_said_locked_env += strstr(msg, "spinlock, no inlined hits (GPUMEM_TC_LOCKED=1)") != NULL;
+}
+
+static void test_protocol_logged(void **state) {
+  (void)state;
+  const char *e = getenv("GPUMEM_TC_LOCKED");
+  int forced = e != NULL && e[0] == '1';
+  for (int round = 0; round < 2; round++) { /* a second context says it again, once */
+    gpumem_config cfg;
+    tu_config(&cfg);
+    cfg.flags |= GPUMEM_CONFIG_NO_ENV; /* (ctest sets GPUMEM_LOG=off) */
+    cfg.log_callback = on_log;
+    cfg.log_level = GPUMEM_LOG_INFO;
+    g_said = g_said_asym = g_said_locked_env = 0;
+    gpumem_context *ctx = tu_ctx_new(&cfg);
+    for (int i = 0; i < 4; i++) {
+      void *p;
+      assert_status(gpumem_alloc(ctx, 0, 4096, NULL, &p), GPUMEM_OK);
+      assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+    }
+    assert_int_equal(g_said, 1);
+    if (forced) assert_int_equal(g_said_locked_env, 1);
+    else assert_int_equal(g_said_locked_env, 0); /* asymmetric, or the spinlock for want of membarrier */
+    tu_ctx_done(ctx);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_hits_against_other_threads, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_owners_come_and_go, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_protocol_logged, tu_setup, tu_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
