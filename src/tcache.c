@@ -104,18 +104,24 @@ static void spin_pause(int *i) {
   }
 }
 
-/* The owner's side: wait while another thread holds (or wants) the cache, then take it. Without
- * membarrier: the spinlock. */
-void gpumem__tc_lock_slow(gpumem__tc *c) {
+/* Without membarrier, every side's lock: the spinlock lk. */
+static void lk_lock(gpumem__tc *c) {
   int i = 0;
-  if (!gpumem__tc_asym) {
-    for (;;) {
-      if (atomic_load_explicit(&c->lk, memory_order_relaxed) == 0 &&
-          atomic_exchange_explicit(&c->lk, 1, memory_order_acquire) == 0)
-        return;
-      spin_pause(&i);
-    }
+  for (;;) {
+    if (atomic_load_explicit(&c->lk, memory_order_relaxed) == 0 &&
+        atomic_exchange_explicit(&c->lk, 1, memory_order_acquire) == 0)
+      return;
+    spin_pause(&i);
   }
+}
+
+/* The owner's side: wait while another thread holds (or wants) the cache, then take it. */
+void gpumem__tc_lock_slow(gpumem__tc *c) {
+  if (!gpumem__tc_asym) {
+    lk_lock(c);
+    return;
+  }
+  int i = 0;
   for (;;) {
     while (atomic_load_explicit(&c->remote, memory_order_relaxed) != 0) spin_pause(&i);
     atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
@@ -130,15 +136,11 @@ static void remote_want(gpumem__tc *c) {
   if (gpumem__tc_asym) atomic_store_explicit(&c->remote, 1, memory_order_seq_cst);
 }
 static void remote_wait(gpumem__tc *c) {
-  int i = 0;
   if (!gpumem__tc_asym) {
-    for (;;) {
-      if (atomic_load_explicit(&c->lk, memory_order_relaxed) == 0 &&
-          atomic_exchange_explicit(&c->lk, 1, memory_order_acquire) == 0)
-        return;
-      spin_pause(&i);
-    }
+    lk_lock(c);
+    return;
   }
+  int i = 0;
   while (atomic_load_explicit(&c->busy, memory_order_acquire) != 0) spin_pause(&i);
 }
 static void remote_unlock(gpumem__tc *c) {
