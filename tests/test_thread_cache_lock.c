@@ -17,18 +17,19 @@ gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 
 enum { WORKERS = 4, HELD = 4 };
 
-/* ThreadSanitizer runs this about 15 times slower; it checks every access, so fewer will do */
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
+/* The sanitizers run this 5 (TSan) to 17 (clang ASan+UBSan) times slower; they check every access,
+ * so fewer will do */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define UNDER_SAN 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define UNDER_SAN 1
 #endif
 #endif
-#ifdef UNDER_TSAN
-#define TSAN_DIV 8
+#ifdef UNDER_SAN
+#define SAN_DIV 8
 #else
-#define TSAN_DIV 1
+#define SAN_DIV 1
 #endif
 
 static gpumem_context *g_ctx;
@@ -137,7 +138,7 @@ static void run_owners_against_taker(void) {
 
 static void test_hits_against_other_threads(void **state) {
   (void)state;
-  g_iters = tu_scaled(10000 / TSAN_DIV, 1000);
+  g_iters = tu_scaled(10000 / SAN_DIV, 1000);
   run_owners_against_taker();
 }
 
@@ -146,7 +147,7 @@ static void test_hits_against_other_threads(void **state) {
 static void test_owners_come_and_go(void **state) {
   (void)state;
   g_iters = tu_scaled(1000, 100);
-  int rounds = (int)tu_scaled(10 / TSAN_DIV + 2, 3);
+  int rounds = (int)tu_scaled(10 / SAN_DIV + 2, 3);
   for (int r = 0; r < rounds; r++) run_owners_against_taker();
 }
 
@@ -178,9 +179,15 @@ static void test_protocol_logged(void **state) {
       assert_status(gpumem_alloc(ctx, 0, 4096, NULL, &p), GPUMEM_OK);
       assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
     }
-    assert_int_equal(g_said, 1);
-    if (forced) assert_int_equal(g_said_locked_env, 1);
-    else assert_int_equal(g_said_locked_env, 0); /* asymmetric, or the spinlock for want of membarrier */
+    if (tu_on_valgrind() && tu_is_sim()) {
+      /* the sim annotates blocks for valgrind: monitoring is on, the thread caches are off, and
+       * nothing is said (TROUBLESHOOTING.md: "no line at all") */
+      assert_int_equal(g_said, 0);
+    } else if (!tu_on_valgrind()) {
+      assert_int_equal(g_said, 1);
+      if (forced) assert_int_equal(g_said_locked_env, 1);
+      else assert_int_equal(g_said_locked_env, 0); /* asymmetric, or the spinlock for want of membarrier */
+    }
     tu_ctx_done(ctx);
   }
 }
