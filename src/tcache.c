@@ -124,10 +124,7 @@ void gpumem__tc_lock_slow(gpumem__tc *c) {
   int i = 0;
   for (;;) {
     while (atomic_load_explicit(&c->remote, memory_order_relaxed) != 0) spin_pause(&i);
-    atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
-    atomic_signal_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&c->remote, memory_order_acquire) == 0) return;
-    atomic_store_explicit(&c->busy, 0, memory_order_release);
+    if (gpumem__tc_trylock(c)) return;
   }
 }
 

@@ -118,35 +118,6 @@ extern int gpumem__tc_asym;
 
 void gpumem__tc_lock_slow(gpumem__tc *c);
 
-/* Take the calling thread's own cache lock (c == gpumem__tls_tc, or the destructor's cache), waiting
- * for another thread that holds it. */
-static inline void gpumem__tc_lock(gpumem__tc *c) {
-  if (GPUMEM__LIKELY(gpumem__tc_asym)) {
-    atomic_store_explicit(&c->busy, 1, memory_order_relaxed);
-    atomic_signal_fence(memory_order_seq_cst); /* the store, then the load (the other side's barrier orders them) */
-    if (GPUMEM__LIKELY(atomic_load_explicit(&c->remote, memory_order_acquire) == 0)) return;
-    atomic_store_explicit(&c->busy, 0, memory_order_release);
-  }
-  gpumem__tc_lock_slow(c);
-}
-static inline void gpumem__tc_unlock(gpumem__tc *c) {
-  if (GPUMEM__LIKELY(gpumem__tc_asym)) atomic_store_explicit(&c->busy, 0, memory_order_release);
-  else atomic_store_explicit(&c->lk, 0, memory_order_release);
-}
-
-/* A cached block becomes live again: its state goes odd -> even, with release order (a free or
- * gpumem_ptr_info that sees the new state sees the fields written before). Only the owner of the
- * cache that holds the block changes its state (the others read it, or compare-and-swap it, which
- * fails while it is odd), so on x86-64 a plain add to memory does it: an aligned 8-byte store is
- * atomic to readers, x86 keeps stores in order, and the "memory" clobber keeps the compiler from
- * moving the field writes after it. (Not under ThreadSanitizer, which sees only C11 atomics.) */
-static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__block *b) {
-#if GPUMEM__TC_X86
-  __asm__ volatile("addq $1, %0" : "+m"(*(uint64_t *)&b->state) : : "memory");
-#else
-  atomic_store_explicit(&b->state, atomic_load_explicit(&b->state, memory_order_relaxed) + 1u, memory_order_release);
-#endif
-}
 /* The inlined hits only try the owner's side of the lock: held by another thread (a flush), or with
  * no membarrier (`remote` stays GPUMEM__TC_REMOTE_LOCKED), they leave it to the full path, and with
  * no call left in them they need no saved registers. A plain store and a load, no locked
@@ -177,6 +148,30 @@ static inline __attribute__((always_inline)) void gpumem__tc_unlock_fast(gpumem_
   atomic_store_explicit(&c->busy, 0, memory_order_release);
 }
 
+/* Take the calling thread's own cache lock (c == gpumem__tls_tc, or the destructor's cache), waiting
+ * for another thread that holds it. */
+static inline void gpumem__tc_lock(gpumem__tc *c) {
+  if (GPUMEM__LIKELY(gpumem__tc_asym) && GPUMEM__LIKELY(gpumem__tc_trylock(c))) return;
+  gpumem__tc_lock_slow(c);
+}
+static inline void gpumem__tc_unlock(gpumem__tc *c) {
+  if (GPUMEM__LIKELY(gpumem__tc_asym)) gpumem__tc_unlock_fast(c);
+  else atomic_store_explicit(&c->lk, 0, memory_order_release);
+}
+
+/* A cached block becomes live again: its state goes odd -> even, with release order (a free or
+ * gpumem_ptr_info that sees the new state sees the fields written before). Only the owner of the
+ * cache that holds the block changes its state (the others read it, or compare-and-swap it, which
+ * fails while it is odd), so on x86-64 a plain add to memory does it: an aligned 8-byte store is
+ * atomic to readers, x86 keeps stores in order, and the "memory" clobber keeps the compiler from
+ * moving the field writes after it. (Not under ThreadSanitizer, which sees only C11 atomics.) */
+static inline __attribute__((always_inline)) void gpumem__tc_revive(gpumem__block *b) {
+#if GPUMEM__TC_X86
+  __asm__ volatile("addq $1, %0" : "+m"(*(uint64_t *)&b->state) : : "memory");
+#else
+  atomic_store_explicit(&b->state, atomic_load_explicit(&b->state, memory_order_relaxed) + 1u, memory_order_release);
+#endif
+}
 /* The size class of a block or rounded request of bsize <= GPUMEM__TC_MAX_SIZE bytes: in units of
  * 256 B, exact below 8 units (2 KiB), then 8 classes per power of two (a class spans 12.5 % of its
  * smallest size), as the pool's TLSF buckets. 64 KiB -> 48, 1 MiB -> 80. gpumem__tc.class_of holds it for
