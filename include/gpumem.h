@@ -329,6 +329,83 @@ GPUMEM_API gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, s
 GPUMEM_API gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
                                              const char *tag, void **out_ptr);
 
+/**
+ * \brief Note that work queued on `stream` uses the live block at `ptr`
+ *        (PyTorch's `Tensor.record_stream`).
+ *
+ * When the block is later freed, it serves no allocation, on any stream (the
+ * freeing stream included), before the work queued on every noted stream up to
+ * the free has completed: an event is recorded on each noted stream at the
+ * free. Noting the block's own allocation stream, or a stream noted before,
+ * changes nothing. The noted streams must stay valid until the block is freed.
+ * \param ctx    context.
+ * \param ptr    a live block of this context (the pointer gpumem_alloc() returned).
+ * \param stream a stream of the block's device (NULL = default stream).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL);
+ *         ::GPUMEM_ERR_INVALID_POINTER (ptr is not a live block of this context);
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (no host memory for the note).
+ * Thread-safe; a block may be noted from several threads at once.
+ */
+GPUMEM_API gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gpumem_stream stream);
+
+/* ---------------------------------------------------------------------- */
+/* Graph pools (stream capture)                                            */
+
+/**
+ * \brief A private pool for memory used by captured graphs (CUDA or HIP graphs).
+ *
+ * Memory allocated from a graph pool is never handed to work outside the pool
+ * while the pool exists, frees of its blocks return them to the pool only, and
+ * trimming never takes memory from it. Its memory returns to the device when the
+ * pool is released and its blocks are freed. Allocations made during a stream
+ * capture on a stream routed to no pool go to a pool of their own, created for
+ * that capture and released when the capture's last block is freed after it ended.
+ */
+typedef struct gpumem_graph_pool gpumem_graph_pool;
+
+/**
+ * \brief Create a graph pool on `device`.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (host memory). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_graph_pool **out);
+
+/**
+ * \brief Route allocations made on `stream` (and on every stream of the same
+ *        capture, while `stream` is being captured) to `pool`, until
+ *        gpumem_graph_pool_end(). Several streams may be routed to one pool.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL pool, or `stream`
+ *         already routed to another pool); ::GPUMEM_ERR_OUT_OF_MEMORY (host memory). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *pool, gpumem_stream stream);
+
+/**
+ * \brief Stop routing `stream`'s allocations to `pool`.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL pool, or `stream` not routed to it). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_end(gpumem_graph_pool *pool, gpumem_stream stream);
+
+/**
+ * \brief Allocate from `pool` explicitly, on `stream` (routing not needed).
+ * \return as gpumem_alloc(), ::GPUMEM_ERR_INVALID_ARGUMENT for a NULL pool. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *pool, size_t size, gpumem_stream stream,
+                                                 void **out_ptr);
+
+/**
+ * \brief Release a graph pool: its cached memory returns to the device now,
+ *        each block still live returns when it is freed; `pool` is invalid afterwards.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL, or streams still routed to it);
+ *         ::GPUMEM_ERR_BACKEND. Thread-safe; not during a capture that uses the pool.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *pool);
+
+/**
+ * \brief Statistics of one graph pool (the fields of ::gpumem_stats that apply).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_get_stats(gpumem_graph_pool *pool, gpumem_stats *out);
+
 /* ---------------------------------------------------------------------- */
 /* Scoped handles                                                          */
 
@@ -405,6 +482,29 @@ GPUMEM_API gpumem_status gpumem_scope_end(gpumem_scope *scope);
  * Waits for pending cross-stream frees to complete first. Thread-safe.
  */
 GPUMEM_API gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, uint64_t *released);
+
+/**
+ * \brief Set the hard cap on bytes reserved on `device` (PyTorch's
+ *        `set_per_process_memory_fraction`); 0 removes the cap.
+ *
+ * Takes effect for the next allocation; memory already reserved above the new
+ * cap stays until it is freed and trimmed (cached memory above it is trimmed now).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint64_t limit_bytes);
+
+/**
+ * \brief The current cap on bytes reserved on `device` (0 = none), from the
+ *        config's `limit_bytes`/`limit_fraction` or gpumem_set_limit().
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_get_limit(gpumem_context *ctx, int device, uint64_t *limit_bytes);
+
+/**
+ * \brief The largest free block cached on `device` (what one allocation can get without growing).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int device, uint64_t *bytes);
 
 /**
  * \brief Synchronise a device, invalidate every live allocation on it and give all its memory back.
