@@ -1,0 +1,421 @@
+/* expandable.c: placement in expandable virtual-memory segments (the pool side; the
+ * granule map and chunk mapping are vmseg.c). */
+#include "pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------- */
+/* Expandable segments (pool side; the granule map is vmseg.c)             */
+/*
+ * In this mode (p->vm != NULL) each size class gets one SEG_VM segment: a
+ * reserved range (twice the device total) laid out by the same blocks,
+ * fidx and TLSF as plain segments; the range starts as one READY block.
+ * A granule is mapped while a live or not-yet-READY block overlaps it
+ * (vmseg.c counts those "busy" bytes: take() adds them for blocks taken
+ * from READY, insert_coalesce() removes them for blocks entering READY).
+ * Physical memory comes in chunks of up to 8 MiB, one backend create and
+ * one map per chunk. Free mapped memory stays mapped ("idle", cached); new
+ * chunks are created while that keeps the reserved bytes within their peak,
+ * and beyond it idle chunks are moved to where a block needs memory, or
+ * given back to make room, so the peak grows only when nothing idle is
+ * left. Trim and the release threshold unmap idle chunks, also inside
+ * segments that still hold live blocks. Only READY memory is ever unmapped:
+ * blocks whose stream work may be pending are busy.
+ */
+
+/* Granules of [b->addr, b->addr + rsize) still to map (0 for plain segments). */
+static size_t vm_need(const gpumem__block *b, size_t rsize) {
+  return b->seg->kind == SEG_VM ? gpumem__vm_unmapped(b->seg->vm, b->addr, rsize) : 0;
+}
+
+/* 1 when a block of rsize at the end of READY block b would cost less
+ * (gpumem__vm_place_cost: granules that nothing busy touches yet, and
+ * unmapped ones) than one at its start. */
+static int vm_fresh_end_better(const gpumem__block *b, size_t rsize) {
+  if (b->seg->kind != SEG_VM) return 0;
+  return gpumem__vm_place_cost(b->seg->vm, b->addr + b->size - rsize, rsize, SIZE_MAX) <
+         gpumem__vm_place_cost(b->seg->vm, b->addr, rsize, SIZE_MAX);
+}
+
+/* Like take(), for a READY block of an expandable segment, but the block is
+ * cut from the end of b (which stays READY, smaller). One block must be reserved. */
+static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsize) {
+  idx_remove(p, b);
+  gpumem__block *t = block_new(p);
+  t->addr = b->addr + b->size - rsize;
+  t->size = rsize;
+  t->seg = b->seg;
+  t->prev = b;
+  t->next = b->next;
+  if (b->next != NULL) b->next->prev = t;
+  b->next = t;
+  b->size -= rsize;
+  idx_insert(p, p->ready, b);
+  gpumem__vm_busy(t->seg->vm, t->addr, rsize, +1);
+  return t;
+}
+
+/* Placement in expandable segments: among up to VM_CANDIDATES free blocks
+ * of each searched fidx that fit (from the request's own bucket upwards),
+ * the one whose start (or, for READY blocks, end) costs least: granules
+ * that nothing busy touches yet count once, unmapped ones twice (they need
+ * backend calls, or new memory; gpumem__vm_place_cost); ties: the smaller
+ * block, then the lower address. This stream's own free blocks are busy, so
+ * they score well. */
+/* (4, not 16: with 16 the replays' peaks were higher, 1.018 / 1.003 / 1.007 against 1.015 / 1.003 /
+ * 1.005 for bert_dyn, gpt2_gen, resnet50 on sim, with more vm calls, and the random live set of
+ * gpumem-bench cost 278.8 instructions per operation against 266.0; 2 moved more chunks on bert_dyn) */
+#define VM_CANDIDATES 4
+#define VM_SKIP_MAX 32 /* smaller blocks passed over in the request's own bucket */
+
+/* The search's state: the request, and the best candidate so far. */
+typedef struct vm_pick {
+  size_t rsize;
+  int rcls, fl0, sl0; /* the request's class and TLSF bucket */
+  int clean_only;
+  gpumem__block *best;
+  size_t fresh;       /* its cost (SIZE_MAX while best is NULL) */
+  int start_free;     /* its start costs nothing: no granule of [addr, addr + rsize) is unmapped */
+} vm_pick;
+
+/* Smallest size (bytes) of a block in TLSF bucket (fl, sl) (see tlsf_map_units). */
+static inline size_t tlsf_bucket_min(int fl, int sl) {
+  uint64_t u = fl == 0 ? (uint64_t)sl : (uint64_t)(TLSF_SL + sl) << (fl - 1);
+  return (size_t)(u << 8);
+}
+
+/* One fidx. Returns 1 when the best can not be beaten (an exact fit that
+ * touches no new granule): the search stops there. Costs are counted only
+ * up to the best so far (a candidate costing more loses anyway), and not at
+ * all for a candidate that can not win even at cost 0. A block that is not
+ * READY is busy (every granule it touches has busy bytes, hence is mapped),
+ * so placing at its start costs 0: only READY blocks are scored (ready = 1).
+ * Candidates are visited, counted and skipped exactly as by a full scoring
+ * of each; what is left out changes nothing in the result: a later bucket
+ * of the last class that holds candidates is not visited once the best
+ * costs 0 and is smaller than any block there. */
+static inline __attribute__((always_inline)) int vm_consider_(gpumem__fidx *f, vm_pick *k, const int ready) {
+  const size_t rsize = k->rsize;
+  const int fl0 = k->fl0, clean_only = k->clean_only;
+  const uint64_t flmask = ~(uint64_t)0 << fl0;
+  gpumem__block *best = k->best;
+  size_t fresh = k->fresh;
+  int start_free = k->start_free, ret = 0;
+  int seen = 0, skipped = 0;
+  for (int ci = 0; ci < 2 && seen < VM_CANDIDATES; ci++) {
+    gpumem__tlsf *t = &f->t[ci == 0 ? k->rcls : CLS_MIXED];
+    if ((t->fl_bitmap & flmask) == 0) continue; /* bitmaps: no empty bin is visited */
+    /* no class after this one has candidates: the counters matter no more once this one is left */
+    const int last = ci == 1 || (f->t[CLS_MIXED].fl_bitmap & flmask) == 0;
+    int fl = fl0, sl = k->sl0;
+    while (seen < VM_CANDIDATES) {
+      /* the next non-empty bucket from (fl, sl) on */
+      unsigned sls = (unsigned)t->sl_bitmap[fl] & (~0u << sl);
+      if (sls == 0) {
+        uint64_t fls = t->fl_bitmap & (~(uint64_t)1 << fl);
+        if (fls == 0) break;
+        fl = ctz64(fls);
+        sls = t->sl_bitmap[fl];
+      }
+      sl = __builtin_ctz(sls);
+      /* every block from here on is larger than a best that costs nothing: none can win */
+      if (last && fresh == 0 && tlsf_bucket_min(fl, sl) > best->size) goto out;
+      int zero_here = 0;
+      for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_CANDIDATES; b = b->fnext) {
+        const size_t bsize = b->size;
+        if (bsize < rsize || (clean_only && b->seg->solo_era)) {
+          /* smaller: only in the request's own bucket, a long list of those is not walked to its end;
+           * quarantine: READY of older segments may still be in use by the first stream */
+          if (++skipped > VM_SKIP_MAX) break;
+          continue;
+        }
+        seen++;
+        size_t fr = 0;
+        int sf = 1;
+        if (best != NULL) {
+          /* the order: lower cost, then the smaller block, then the lower address */
+          int tie_wins = bsize < best->size || (bsize == best->size && b->addr < best->addr);
+          if (fresh == 0 && !tie_wins) continue; /* loses even at cost 0 */
+          if (ready && b->seg->kind == SEG_VM) {
+            const gpumem__vmspace *vs = b->seg->vm;
+            fr = gpumem__vm_place_cost(vs, b->addr, rsize, fresh);
+            if (fr > 0) {
+              sf = 0;
+              size_t f2 = gpumem__vm_place_cost(vs, b->addr + bsize - rsize, rsize, fr);
+              if (f2 < fr) fr = f2;
+            }
+          }
+          if (fr > fresh || (fr == fresh && !tie_wins)) continue;
+        } else if (ready && b->seg->kind == SEG_VM) {
+          const gpumem__vmspace *vs = b->seg->vm;
+          fr = gpumem__vm_place_cost(vs, b->addr, rsize, SIZE_MAX);
+          if (fr > 0) {
+            sf = 0;
+            size_t f2 = gpumem__vm_place_cost(vs, b->addr + bsize - rsize, rsize, fr);
+            if (f2 < fr) fr = f2;
+          }
+        }
+        best = b;
+        fresh = fr;
+        start_free = sf;
+        if (fr == 0) {
+          if (bsize == rsize) {
+            ret = 1;
+            goto out;
+          }
+          zero_here = 1;
+        }
+      }
+      /* a block costing nothing was found in this bucket: later buckets of
+       * this class hold only larger blocks, which lose the tie */
+      if (zero_here) break;
+      if (++sl == TLSF_SL) {
+        if (++fl == TLSF_FL) break;
+        sl = 0;
+      }
+    }
+  }
+out:
+  k->best = best;
+  k->fresh = fresh;
+  k->start_free = start_free;
+  return ret;
+}
+
+static int vm_consider_ready(gpumem__fidx *f, vm_pick *k) {
+  return f->nblocks == 0 ? 0 : vm_consider_(f, k, 1);
+}
+
+static int vm_consider_busy(gpumem__fidx *f, vm_pick *k) {
+  return f->nblocks == 0 ? 0 : vm_consider_(f, k, 0);
+}
+
+/* The best place among this stream's free blocks (mapped) and READY ones. */
+static void vm_search(gpumem__pool *p, gpumem__srec *r, vm_pick *k) {
+  k->best = NULL;
+  k->fresh = SIZE_MAX;
+  k->start_free = 0;
+  int done = 0;
+  if (r != NULL) {
+    done = vm_consider_busy(r->idx, k);
+    for (gpumem__batch *bt = r->batches; bt != NULL && !done; bt = bt->snext) done = vm_consider_busy(bt->idx, k);
+  }
+  if (!done) vm_consider_ready(p->ready, k);
+}
+
+/* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
+static inline size_t vm_pick_need(const vm_pick *k) {
+  if (k->best == NULL) return 1;
+  return k->start_free ? 0 : vm_need(k->best, k->rsize);
+}
+
+/* A new expandable segment for class rcls, holding at least rsize bytes; *out = its (READY) block. */
+static gpumem_status vm_seg_open(gpumem__pool *p, size_t rsize, int rcls, gpumem__block **out) {
+  gpumem__segment *s = calloc(1, sizeof *s);
+  if (s == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  uintptr_t base = 0;
+  size_t size = 0;
+  gpumem_status st = gpumem__vm_space_open(p->vm, rsize, &s->vm, &base, &size);
+  if (st != GPUMEM_OK) {
+    free(s);
+    return st;
+  }
+  gpumem__block *b = block_new(p);
+  b->addr = base;
+  b->size = size;
+  b->seg = s;
+  s->pool = p;
+  s->base = base;
+  s->size = size;
+  s->cls = rcls;
+  s->kind = SEG_VM;
+  s->solo_era = p->solo != SOLO_MANY;
+  s->head = b;
+  s->next = p->segs;
+  if (p->segs != NULL) p->segs->prev = s;
+  p->segs = s;
+  p->st.num_segments++;
+  idx_insert(p, p->ready, b);
+  *out = b;
+  return GPUMEM_OK;
+}
+
+/* Give back idle granules while cached > keep; with keep 0 also the ranges
+ * of expandable segments that are wholly free and unmapped. */
+gpumem_status gpumem__vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released) {
+  gpumem_status first = GPUMEM_OK;
+  if (cached_bytes(p) > keep) first = gpumem__vm_trim(p->vm, cached_bytes(p) - keep, released);
+  if (keep != 0) return first;
+  gpumem__segment *s = p->segs;
+  while (s != NULL) {
+    gpumem__segment *n = s->next;
+    gpumem__block *h = s->head;
+    if (s->kind == SEG_VM && h->next == NULL && h->idx == p->ready && gpumem__vm_space_mapped(s->vm) == 0) {
+      gpumem_status st = gpumem__vm_space_close(s->vm);
+      if (st == GPUMEM_OK) {
+        idx_remove(p, h);
+        block_free(p, h);
+        gpumem__seg_unlink(p, s);
+        p->st.num_segments--;
+        free(s);
+      } else if (first == GPUMEM_OK) {
+        first = st;
+      }
+    }
+    s = n;
+  }
+  return first;
+}
+
+/* Reset/destroy: every block is being dropped; unmap and destroy every chunk
+ * and release the ranges. A segment that cannot be given back stays (with
+ * what is still mapped counted) and the first error is returned. */
+gpumem_status gpumem__vm_clear(gpumem__pool *p) {
+  gpumem_status first = GPUMEM_OK;
+  gpumem__segment *s = p->segs;
+  while (s != NULL) {
+    gpumem__segment *n = s->next;
+    if (s->kind == SEG_VM) {
+      gpumem__vm_space_clear_busy(s->vm);
+      gpumem_status st = gpumem__vm_space_close(s->vm);
+      if (st == GPUMEM_OK) {
+        gpumem__seg_unlink(p, s);
+        p->st.num_segments--;
+        free(s);
+      } else if (first == GPUMEM_OK) {
+        first = st;
+      }
+    }
+    s = n;
+  }
+  uint64_t rel = 0;
+  gpumem_status st = gpumem__vm_trim(p->vm, UINT64_MAX, &rel); /* spare chunks, and a second try */
+  if (first == GPUMEM_OK) first = st;
+  return first;
+}
+
+/* The allocation path in expandable mode. The block comes from the cache
+ * as in plain mode (this stream's free blocks, then READY; the segment's
+ * READY tail always fits); then its unmapped granules get chunks. */
+gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream,
+                                     gpumem__block **out) {
+  if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
+  solo_note(p, stream);
+  if (p->quarantine) gpumem__quarantine_step(p, stream, 1);
+  /* one stream: the guard may wait before moving idle chunks, as the growth check below waits */
+  guard_ctx(p, stream, 1, p->solo != SOLO_MANY);
+  int clean_only = p->quarantine && stream != p->solo_s;
+  gpumem__srec *r = p->solo == SOLO_ONE ? p->solo_r : srec_find(p, stream);
+  size_t g = gpumem__vm_granularity(p->vm);
+  int synced = 0;
+  vm_pick k;
+  k.rsize = rsize;
+  k.rcls = rcls;
+  tlsf_map(rsize, &k.fl0, &k.sl0);
+  for (int pass = 0;; pass++) {
+  search:;
+    k.clean_only = clean_only;
+    vm_search(p, r, &k);
+    gpumem__block *b = k.best;
+    size_t cost = k.fresh, need = vm_pick_need(&k);
+    if (need > 0 || (b != NULL && b->idx != p->ready && (b->size != rsize || cost != 0))) {
+      /* before mapping, or before settling for a free block of this stream's
+       * own that does not fit exactly (placed where it was freed): completed
+       * frees become READY (their granules idle, their space placeable
+       * anywhere), and this stream's unbatched frees get their event (this
+       * call names the stream). An exact fit of the stream's own, all mapped,
+       * is taken at once: no event is recorded or asked (on CUDA that is
+       * about a microsecond per allocation). */
+      if (p->npending > 0 || p->nmarks > 0) gpumem__poll_pending(p);
+      if (r != NULL && r->batches == NULL && r->idx->nblocks > 0) {
+        if (p->solo == SOLO_ONE) {
+          gpumem__solo_drain(p, r); /* no event: READY becomes dirty */
+        } else if (p->ctx->has_events) {
+          (void)gpumem__harvest(p, r, 1);
+          gpumem__poll_pending(p);
+        }
+      }
+      vm_search(p, r, &k);
+      b = k.best;
+      need = vm_pick_need(&k);
+    }
+    if (b != NULL && need == 0) { /* all mapped: nothing below applies but the take */
+      take(p, b, rsize);
+      *out = b;
+      return GPUMEM_OK;
+    }
+    if (p->nogrow && (b == NULL || need > 0)) {
+      /* the caller's thread cache flushes and asks again: its blocks, coalesced, may make the mapping
+       * unneeded. (Only when new memory would be created, not when idle chunks would be moved, left
+       * the caches' blocks pinning granules: on the random live set of gpumem-bench, 4.5 event calls
+       * per 1000 operations against 1.5, more chunk moves, and higher replay peaks.) Before the wait
+       * below: the blocks given back may make it unneeded too. */
+      p->grow_blocked = 1;
+      return GPUMEM_ERR_BUSY;
+    }
+    size_t avail = gpumem__vm_available(p->vm);
+    if (b != NULL && !synced && need > avail && p->ctx->has_events && p->scount == 1 && r != NULL &&
+        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && gpumem__pool_pending_blocks(p)) {
+      /* One stream (the training-loop case), growing past the peak while
+       * blocks it freed may still be in use on the device (a GPU running
+       * behind the host): their chunks cannot be moved and their space is
+       * split from READY. Wait for the device once, so they become READY,
+       * coalesce and their chunks idle, then search again. (With several
+       * streams the pool does not wait: another stream's work may be long.)
+       * Replays on the simulator with its work held back (gpumem-replay
+       * --sim-lag 400): resnet50 1.255 -> 1.055, bert_dyn 1.139 -> 1.031
+       * (docs/PERFORMANCE.md). Steady state (no growth) never waits.
+       * (Blocks a single-stream pool made READY without an event are
+       * coalesced already: moving their idle chunks waits for the stream in
+       * vm_guard, not here.) */
+      synced = 1;
+      gpumem__sync_all(p);
+      r = srec_find(p, stream);
+      clean_only = p->quarantine && stream != p->solo_s;
+      goto search;
+    }
+    if (b == NULL) {
+      gpumem_status st = vm_seg_open(p, rsize, rcls, &b);
+      if (st != GPUMEM_OK) return st;
+      need = vm_need(b, rsize);
+    }
+    gpumem_status st = GPUMEM_OK;
+    if (need > avail && p->limit != 0 && p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->limit) {
+      st = GPUMEM_ERR_LIMIT_EXCEEDED; /* refused before anything is mapped */
+    } else {
+      gpumem__fidx *from = b->idx;
+      uint64_t held = p->st.reserved_bytes;
+      if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
+        b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
+        need = vm_need(b, rsize);
+      } else {
+        take(p, b, rsize);
+      }
+      if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit);
+      if (st == GPUMEM_OK) {
+        if (need > 0) gpumem__check_free_fraction(p); /* mapped: new chunks, or idle ones moved here */
+        *out = b;
+        return GPUMEM_OK;
+      }
+      /* undo: the block goes back where it came from; chunks created for it are given back */
+      insert_coalesce(p, from, b);
+      if (p->st.reserved_bytes > held) {
+        uint64_t rel = 0;
+        (void)gpumem__vm_trim(p->vm, p->st.reserved_bytes - held, &rel);
+      }
+    }
+    if ((st != GPUMEM_ERR_OUT_OF_MEMORY && st != GPUMEM_ERR_LIMIT_EXCEEDED) || pass > 0) return st;
+    /* slow path: wait for every pending free, give back what is cached, retry once */
+    gpumem__sync_all(p);
+    if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
+      p->st.num_oom_retries++;
+      uint64_t rel = 0;
+      (void)gpumem__release_empty(p, 0, &rel);
+      gpumem__count_trim(p, rel, "out-of-memory retry");
+    }
+    r = srec_find(p, stream);
+    clean_only = p->quarantine && stream != p->solo_s;
+  }
+}
+

@@ -1,0 +1,147 @@
+/* pool_check.c: the pool's invariant checker (gpumem__pool_check; after every call in
+ * GPUMEM_DEBUG builds). */
+#include "pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+gpumem_status gpumem__vm_check_seg(gpumem__pool *p, gpumem__segment *s) {
+  if (gpumem__vm_check_begin(s->vm) != 0) return GPUMEM_OK; /* no host memory to check with */
+  for (gpumem__block *b = s->head; b != NULL; b = b->next)
+    if (b->idx == NULL || b->idx->kind != IDX_READY) gpumem__vm_check_add(s->vm, b->addr, b->size);
+  const char *why = gpumem__vm_check_end(s->vm);
+  if (why == NULL) return GPUMEM_OK;
+  LOG(p, GPUMEM_LOG_ERROR, "invariant violated (device %d): expandable segment at %p: %s", p->device,
+      (void *)s->base, why);
+  return GPUMEM_ERR_INTERNAL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Invariant checker                                                       */
+
+#define CHECK(cond)                                                       \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      LOG(p, GPUMEM_LOG_ERROR, "invariant violated (device %d): %s", p->device, #cond); \
+      return GPUMEM_ERR_INTERNAL;                                         \
+    }                                                                     \
+  } while (0)
+
+static gpumem_status check_fidx(gpumem__pool *p, gpumem__fidx *f, int kind, size_t *seen) {
+  CHECK(f->kind == kind);
+  size_t n = 0;
+  uint64_t bytes = 0;
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    for (int fl = 0; fl < TLSF_FL; fl++) {
+      CHECK(((t->fl_bitmap >> fl) & 1u) == (t->sl_bitmap[fl] != 0));
+      for (int sl = 0; sl < TLSF_SL; sl++) {
+        CHECK(((t->sl_bitmap[fl] >> sl) & 1u) == (t->heads[fl][sl] != NULL));
+        gpumem__block *prev = NULL;
+        for (gpumem__block *b = t->heads[fl][sl]; b != NULL; b = b->fnext) {
+          int bfl, bsl;
+          tlsf_map(b->size, &bfl, &bsl);
+          CHECK(bfl == fl && bsl == sl);
+          CHECK(b->idx == f);
+          CHECK(b->fprev == prev);
+          CHECK(b->seg != NULL && b->seg->cls == c);
+          prev = b;
+          n++;
+          bytes += b->size;
+        }
+      }
+    }
+  }
+  CHECK(n == f->nblocks);
+  CHECK(bytes == f->bytes);
+  *seen += n;
+  return GPUMEM_OK;
+}
+
+static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t *live_out) {
+  uint64_t reserved = 0, allocated = 0, requested = 0, live = 0, nseg = 0, empty_bytes = 0;
+  size_t free_blocks = 0;
+  for (gpumem__segment *s = p->segs; s != NULL; s = s->next) {
+    CHECK(s->pool == p);
+    CHECK(s->next == NULL || s->next->prev == s);
+    CHECK(s->head != NULL && s->head->prev == NULL && s->head->addr == s->base);
+    uintptr_t at = s->base;
+    for (gpumem__block *b = s->head; b != NULL; b = b->next) {
+      CHECK(b->seg == s);
+      CHECK(b->addr == at);
+      CHECK(b->size > 0 && b->size % GPUMEM__ALIGN == 0);
+      CHECK(b->next == NULL || b->next->prev == b);
+      if (b->idx == NULL) {
+        live++;
+        allocated += b->size;
+        requested += b->requested;
+        CHECK(b->requested > 0 && b->requested <= b->size);
+        if (check_map) CHECK(gpumem__ptrmap_contains(&p->ctx->map, b->addr, b, p));
+      } else {
+        free_blocks++;
+        CHECK(b->next == NULL || b->next->idx != b->idx); /* coalesced */
+      }
+      at += b->size;
+    }
+    CHECK(at == s->base + s->size);
+    int whole = s->kind == SEG_PLAIN && s->head->next == NULL && s->head->idx == p->ready;
+    CHECK(whole == s->empty);
+    if (s->empty) empty_bytes += s->size;
+    reserved += s->kind == SEG_VM ? gpumem__vm_space_mapped(s->vm) : s->size;
+    if (s->kind == SEG_VM && gpumem__vm_check_seg(p, s) != GPUMEM_OK) return GPUMEM_ERR_INTERNAL;
+    nseg++;
+  }
+  size_t empties = 0;
+  for (gpumem__segment *s = p->empty; s != NULL; s = s->enext) {
+    CHECK(s->empty);
+    empties += s->size;
+  }
+  CHECK(empties == empty_bytes && empty_bytes == p->empty_bytes);
+  size_t seen = 0;
+  gpumem_status st = check_fidx(p, p->ready, IDX_READY, &seen);
+  if (st != GPUMEM_OK) return st;
+  size_t ns = 0;
+  for (size_t i = 0; i < p->scap; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r == NULL) continue;
+    ns++;
+    CHECK(srec_find(p, r->stream) == r);
+    CHECK(r->idx->srec == r);
+    st = check_fidx(p, r->idx, IDX_STREAM, &seen);
+    if (st != GPUMEM_OK) return st;
+    for (gpumem__batch *b = r->batches; b != NULL; b = b->snext) CHECK(b->srec == r);
+  }
+  CHECK(ns == p->scount);
+  size_t nb = 0;
+  for (gpumem__batch *b = p->pending_head; b != NULL; b = b->next) {
+    nb++;
+    CHECK(b->idx->batch == b);
+    CHECK(b->next != NULL || p->pending_tail == b);
+    st = check_fidx(p, b->idx, IDX_PENDING, &seen);
+    if (st != GPUMEM_OK) return st;
+  }
+  CHECK(nb == p->npending);
+  CHECK(seen == free_blocks);
+  CHECK(reserved + (p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0) == p->st.reserved_bytes);
+  CHECK(allocated == p->st.allocated_bytes);
+  /* a block reused from a thread cache changed its requested size without the pool: exact once the caches are flushed */
+  CHECK(requested == p->st.requested_bytes || (p->ctx->tc_on && !check_map));
+  CHECK(live == p->st.num_live);
+  CHECK(nseg == p->st.num_segments);
+  CHECK(p->st.allocated_peak >= p->st.allocated_bytes);
+  CHECK(p->st.reserved_peak >= p->st.reserved_bytes);
+  CHECK(p->limit == 0 || p->st.reserved_bytes <= p->limit);
+  if (live_out != NULL) *live_out = live;
+  return GPUMEM_OK;
+}
+
+#ifdef GPUMEM_DEBUG
+static gpumem_status gpumem__pool_check_locked(gpumem__pool *p) { return pool_check_locked(p, 0, NULL); }
+#endif
+
+gpumem_status gpumem__pool_check(gpumem__pool *p, uint64_t *live_count) {
+  gpumem__mutex_lock(&p->lock);
+  gpumem_status st = pool_check_locked(p, 1, live_count);
+  gpumem__mutex_unlock(&p->lock);
+  return st;
+}

@@ -1,0 +1,392 @@
+/* stream_order.c: stream-ordered reuse: stream records, events, pending batches, single-stream
+ * marks, and the single-stream ("solo") path of expandable pools. */
+#include "pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s) {
+  gpumem__srec *r = srec_find(p, s);
+  if (r != NULL) return r;
+  if ((p->scount + 1) * 2 > p->scap) {
+    size_t ncap = p->scap ? p->scap * 2 : 8;
+    gpumem__srec **nt = calloc(ncap, sizeof *nt);
+    if (nt == NULL) return NULL;
+    for (size_t i = 0; i < p->scap; i++) {
+      if (p->stab[i] == NULL) continue;
+      size_t j = stream_hash(p->stab[i]->stream) & (ncap - 1);
+      while (nt[j] != NULL) j = (j + 1) & (ncap - 1);
+      nt[j] = p->stab[i];
+    }
+    free(p->stab);
+    p->stab = nt;
+    p->scap = ncap;
+  }
+  r = calloc(1, sizeof *r);
+  if (r == NULL) return NULL;
+  r->idx = gpumem__fidx_new(p, IDX_STREAM);
+  if (r->idx == NULL) {
+    free(r);
+    return NULL;
+  }
+  r->stream = s;
+  r->idx->srec = r;
+  size_t i = stream_hash(s) & (p->scap - 1);
+  while (p->stab[i] != NULL) i = (i + 1) & (p->scap - 1);
+  p->stab[i] = r;
+  p->scount++;
+  return r;
+}
+
+static gpumem_status ev_get(gpumem__pool *p, gpumem_event *ev) {
+  if (p->nev > 0) {
+    *ev = p->evcache[--p->nev];
+    return GPUMEM_OK;
+  }
+  return gpumem__be_event_create(p->ctx, p->device, ev);
+}
+
+static void ev_put(gpumem__pool *p, gpumem_event ev) {
+  if (p->nev == p->evcap) {
+    size_t ncap = p->evcap ? p->evcap * 2 : 8;
+    gpumem_event *n = realloc(p->evcache, ncap * sizeof *n);
+    if (n == NULL) {
+      (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+      return;
+    }
+    p->evcache = n;
+    p->evcap = ncap;
+  }
+  p->evcache[p->nev++] = ev;
+}
+
+/* Move all STREAM blocks of r into a new pending batch. With with_event, one
+ * event is recorded on r's stream; without, the batch completes only by a
+ * device synchronisation. Returns the batch or NULL (nothing moved). */
+gpumem__batch *gpumem__harvest(gpumem__pool *p, gpumem__srec *r, int with_event) {
+  if (r->idx->nblocks == 0) return NULL;
+  gpumem_event ev = NULL;
+  if (with_event) {
+    if (ev_get(p, &ev) != GPUMEM_OK) return NULL;
+    if (gpumem__be_event_record(p->ctx, p->device, ev, r->stream) != GPUMEM_OK) {
+      (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+      return NULL;
+    }
+  }
+  gpumem__batch *b = p->batch_free;
+  if (b != NULL) p->batch_free = b->next;
+  else b = malloc(sizeof *b);
+  gpumem__fidx *nf = b != NULL ? gpumem__fidx_new(p, IDX_STREAM) : NULL;
+  if (nf == NULL) {
+    if (b != NULL) {
+      b->next = p->batch_free;
+      p->batch_free = b;
+    }
+    if (with_event) ev_put(p, ev);
+    return NULL;
+  }
+  memset(b, 0, sizeof *b);
+  b->ev = ev;
+  b->has_ev = with_event;
+  b->srec = r;
+  b->idx = r->idx;
+  b->idx->kind = IDX_PENDING;
+  b->idx->batch = b;
+  nf->srec = r;
+  r->idx = nf;
+  /* append to the pool's pending list, push on the stream's list */
+  b->prev = p->pending_tail;
+  if (p->pending_tail != NULL) p->pending_tail->next = b;
+  else p->pending_head = b;
+  p->pending_tail = b;
+  p->npending++;
+  b->snext = r->batches;
+  if (r->batches != NULL) r->batches->sprev = b;
+  r->batches = b;
+  return b;
+}
+
+/* The batch's event completed: its blocks become READY (coalescing). */
+static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
+  gpumem__fidx *f = b->idx;
+  gpumem__drain_to_ready(p, f);
+  if (b->prev != NULL) b->prev->next = b->next;
+  else p->pending_head = b->next;
+  if (b->next != NULL) b->next->prev = b->prev;
+  else p->pending_tail = b->prev;
+  p->npending--;
+  if (b->sprev != NULL) b->sprev->snext = b->snext;
+  else b->srec->batches = b->snext;
+  if (b->snext != NULL) b->snext->sprev = b->sprev;
+  if (b->has_ev) ev_put(p, b->ev);
+  gpumem__fidx_recycle(p, f);
+  b->next = p->batch_free;
+  p->batch_free = b;
+}
+
+/* Single-stream marks. While a pool has seen one stream only, moving its
+ * frees into batches would split its free space between fidx (worse fit,
+ * less coalescing: plain-mode replays lost up to 25%), so the event is
+ * recorded at the free as a "mark" and the blocks stay in the stream's
+ * fidx; once the mark's event completed, the blocks freed before it
+ * (fseq <= mark_seq) become READY, at a poll. */
+static void mark_drop(gpumem__pool *p, gpumem__srec *r) {
+  ev_put(p, r->mev);
+  r->has_mark = 0;
+  p->nmarks--;
+}
+
+static void mark_record(gpumem__pool *p, gpumem__srec *r) {
+  gpumem_event ev;
+  if (ev_get(p, &ev) != GPUMEM_OK) return;
+  if (gpumem__be_event_record(p->ctx, p->device, ev, r->stream) != GPUMEM_OK) {
+    (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+    return;
+  }
+  r->mev = ev;
+  r->mark_seq = r->seq;
+  r->has_mark = 1;
+  p->nmarks++;
+}
+
+/* r's mark completed: its blocks freed before it become READY. */
+static void mark_release(gpumem__pool *p, gpumem__srec *r) {
+  gpumem__fidx *f = r->idx;
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    uint64_t fls = t->fl_bitmap; /* a copy: blocks leave f below, but only the non-empty bins at entry matter */
+    while (fls != 0) {
+      int fl = ctz64(fls);
+      fls &= fls - 1;
+      unsigned sls = t->sl_bitmap[fl];
+      while (sls != 0) {
+        int sl = __builtin_ctz(sls);
+        sls &= sls - 1;
+        gpumem__block *b = t->heads[fl][sl], *n;
+        for (; b != NULL; b = n) {
+          n = b->fnext; /* in f: untouched by a merge into READY */
+          if (b->fseq > r->mark_seq) continue;
+          idx_remove(p, b);
+          insert_coalesce(p, p->ready, b);
+        }
+      }
+    }
+  }
+  mark_drop(p, r);
+}
+
+static void poll_marks(gpumem__pool *p) {
+  for (size_t i = 0; i < p->scap && p->nmarks > 0; i++) {
+    gpumem__srec *r = p->stab[i];
+    int done = 0;
+    if (r != NULL && r->has_mark && gpumem__be_event_query(p->ctx, p->device, r->mev, &done) == GPUMEM_OK && done)
+      mark_release(p, r);
+  }
+}
+
+/* Move every batch (and mark) whose event has completed to READY. No waiting. */
+void gpumem__poll_pending(gpumem__pool *p) {
+  poll_marks(p);
+  gpumem__batch *b = p->pending_head;
+  while (b != NULL) {
+    gpumem__batch *n = b->next;
+    if (b->has_ev) {
+      int done = 0;
+      if (gpumem__be_event_query(p->ctx, p->device, b->ev, &done) == GPUMEM_OK && done) batch_complete(p, b);
+    }
+    b = n;
+  }
+}
+
+/* Stream-handle policy: the pool calls the backend with a stream handle only
+ * during a call in which the user passed that stream (the stream may be
+ * destroyed by the application right after the call returns). So the batch
+ * event covering frees on S is recorded on S during a free or an alloc on S,
+ * never on behalf of another stream; other streams only query events that
+ * were already recorded (event_query names no stream). At most one pending
+ * batch per stream: events on one stream complete in order, and polling
+ * then costs O(streams). Blocks freed on S while its batch is pending stay
+ * unbatched (S may reuse them at once); a later call on S asks the pending
+ * event only if some miss has happened since S was last harvested
+ * (pool->hungry moved) and, once it completed, records a new batch. Blocks
+ * of a stream that is never named again are recovered by a device
+ * synchronisation (trim, reset, the out-of-memory and limit paths), which
+ * makes every free block of the device READY. */
+void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
+  if (r->idx->nblocks == 0 || !p->ctx->has_events) return;
+  if (p->scount < 2 && p->hungry == 0) { /* one stream so far: a mark, the blocks stay */
+    if (!r->has_mark) mark_record(p, r);
+    return;
+  }
+  if (r->has_mark) mark_drop(p, r); /* the batch below gets a newer event */
+  gpumem__batch *b = r->batches;
+  if (b != NULL) {
+    if (r->fed == p->hungry) return; /* no miss is waiting: do not ask */
+    int done = 0;
+    if (!b->has_ev || gpumem__be_event_query(p->ctx, p->device, b->ev, &done) != GPUMEM_OK || !done) return;
+    batch_complete(p, b);
+    if (r->batches != NULL) return;
+  }
+  if (gpumem__harvest(p, r, 1) != NULL) r->fed = p->hungry;
+}
+
+/* pool_pending_blocks: 1 when some free block is not READY yet (in a pending batch, or unbatched in its
+ * stream's index); pool_pending: that, or READY holds blocks whose stream work may be pending (a
+ * single-stream pool's "dirty" READY). */
+int gpumem__pool_pending_blocks(const gpumem__pool *p) {
+  if (p->npending > 0) return 1;
+  for (size_t i = 0; i < p->scap; i++)
+    if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) return 1;
+  return 0;
+}
+
+static int pool_pending(const gpumem__pool *p) { return p->dirty || gpumem__pool_pending_blocks(p); }
+
+/* Single-stream expandable pools ("solo"). Once an expandable pool has
+ * seen SOLO_WARM_FREES frees on one stream S and no other stream (before
+ * that, frees get their events as in any pool), a free on S puts the block
+ * into S's index and, when the search wants it, straight into READY
+ * (coalescing with every free neighbour): S may reuse it at once, and there
+ * is no other stream to keep it from. A block of a small-class segment goes
+ * to READY at once: keeping it in S's index first, and moving it when a
+ * search wanted it, searched twice and moved every block twice (the random
+ * live set of gpumem-bench took 12 % more instructions per operation, and the
+ * replays' peaks were the same or higher). Larger blocks stay in S's index,
+ * where an exact fit is taken back without touching the granule counts
+ * (gpumem__vm_busy is linear in a block's granules: a 1 GiB pair through
+ * READY took 8.9 us on the H200, against 0.18 us). No event is recorded or asked: in the
+ * steady state of a single-stream program the pool makes no backend call at
+ * all. READY is then "dirty": S's work on those blocks may still be queued,
+ * which matters in two places only:
+ *   - unmapping: vmseg.c calls vm_guard before it unmaps an idle chunk (to
+ *     move it, trim it or give it back); the guard settles (an event recorded
+ *     on S, during a call that names S, or a device synchronisation) or, when
+ *     the call may not wait, refuses: then new memory is created instead of
+ *     moving idle chunks (vmseg.c), or trimming stops until a later call.
+ *     Plain segments (initial_bytes) are given back only once settled.
+ *   - a second stream T: from then on frees go to their stream's index as in
+ *     every multi-stream pool, and while READY is dirty T takes READY blocks
+ *     only from segments opened since (quarantine); the next call on S
+ *     records the settle event, and once it completed (asked at T's calls)
+ *     or after any device synchronisation READY is clean again.
+ * Replays (gpumem-replay --sample-used, sim): the same or lower peaks than
+ * harvesting S's frees into batches with events, and with a device running
+ * behind the host (--sim-lag) lower, since freed blocks coalesce at once. */
+static void dirty_clear(gpumem__pool *p) {
+  p->dirty = 0;
+  p->quarantine = 0;
+  if (p->has_sev) {
+    ev_put(p, p->sev);
+    p->has_sev = 0;
+  }
+}
+
+/* Try to make dirty READY clean, as the current call allows (g_*): an event
+ * on solo_s (recorded now if the call names solo_s), waited for or asked;
+ * else, if the call may wait, a device synchronisation. GPUMEM_OK when clean,
+ * GPUMEM_ERR_BUSY when not now, or a backend error. */
+gpumem_status gpumem__settle(gpumem__pool *p) {
+  if (!p->dirty) return GPUMEM_OK;
+  int on_s = p->g_named && p->g_stream == p->solo_s && p->ctx->has_events;
+  if (on_s && (!p->has_sev || p->sev_seq < p->dirty_seq)) {
+    gpumem_event ev = p->sev;
+    if (p->has_sev || ev_get(p, &ev) == GPUMEM_OK) {
+      if (gpumem__be_event_record(p->ctx, p->device, ev, p->solo_s) == GPUMEM_OK) {
+        p->sev = ev;
+        p->has_sev = 1;
+        p->sev_seq = p->dirty_seq; /* it follows every free made READY so far */
+      } else {
+        if (p->has_sev) p->has_sev = 0; /* its state is unknown now */
+        (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
+      }
+    }
+  }
+  if (p->has_sev && p->sev_seq >= p->dirty_seq) {
+    int done = 0;
+    if (p->g_wait ? gpumem__be_event_synchronize(p->ctx, p->device, p->sev) == GPUMEM_OK
+                  : gpumem__be_event_query(p->ctx, p->device, p->sev, &done) == GPUMEM_OK && done) {
+      dirty_clear(p);
+      return GPUMEM_OK;
+    }
+  }
+  if (p->g_wait) {
+    gpumem_status st = gpumem__be_device_synchronize(p->ctx, p->device);
+    if (st != GPUMEM_OK) return st;
+    dirty_clear(p);
+    return GPUMEM_OK;
+  }
+  return GPUMEM_ERR_BUSY;
+}
+
+/* The one stream's free blocks become READY now (coalescing), without an event. */
+void gpumem__solo_drain(gpumem__pool *p, gpumem__srec *r) {
+  gpumem__drain_to_ready(p, r->idx);
+  p->dirty = 1;
+  p->dirty_seq++;
+}
+
+/* vmseg.c, before it unmaps an idle chunk (gpumem__vm_set_guard). */
+gpumem_status gpumem__vm_guard(void *arg) {
+  gpumem__pool *p = arg;
+  return p->dirty ? gpumem__settle(p) : GPUMEM_OK;
+}
+
+/* An expandable pool's call names `stream` (solo mode, see above). */
+void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
+  if (p->solo == SOLO_NONE) {
+    gpumem__srec *r = gpumem__srec_get(p, stream);
+    if (r == NULL) return; /* no host memory: stays undecided, frees take the usual path */
+    p->solo = SOLO_WARM;
+    p->solo_s = stream;
+    p->solo_r = r;
+    p->solo_frees = 0;
+    return;
+  }
+  if (p->solo == SOLO_WARM) { /* a second stream before the first one's frees went without events */
+    p->solo = SOLO_MANY;
+    return;
+  }
+  if (p->solo == SOLO_ONE) {
+    p->solo = SOLO_MANY;
+    if (p->dirty) p->quarantine = 1;
+    LOG(p, GPUMEM_LOG_DEBUG, "device %d: a second stream: frees are stream-ordered from now on%s", p->device,
+        p->dirty ? " (READY quarantined until the first stream's work is known complete)" : "");
+  }
+}
+
+/* Quarantine: the first stream's next call records the settle event; every call asks it. */
+void gpumem__quarantine_step(gpumem__pool *p, gpumem_stream stream, int named) {
+  guard_ctx(p, stream, named, 0);
+  (void)gpumem__settle(p);
+}
+
+/* Wait for every pending free of the device and make it READY: one device
+ * synchronisation (no stream handle of an earlier call is used). If the
+ * device cannot be synchronised, wait on the events already recorded. */
+void gpumem__sync_all(gpumem__pool *p) {
+  if (!pool_pending(p)) return;
+  if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
+    dirty_clear(p);
+    for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
+      if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
+    while (p->pending_head != NULL) batch_complete(p, p->pending_head);
+    for (size_t i = 0; i < p->scap; i++)
+      if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) gpumem__drain_to_ready(p, p->stab[i]->idx);
+    return;
+  }
+  gpumem__batch *b = p->pending_head;
+  while (b != NULL) {
+    gpumem__batch *n = b->next;
+    if (b->has_ev && gpumem__be_event_synchronize(p->ctx, p->device, b->ev) == GPUMEM_OK) batch_complete(p, b);
+    b = n;
+  }
+  for (size_t i = 0; i < p->scap && p->nmarks > 0; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r != NULL && r->has_mark && gpumem__be_event_synchronize(p->ctx, p->device, r->mev) == GPUMEM_OK)
+      mark_release(p, r);
+  }
+  if (p->dirty && p->has_sev && p->sev_seq >= p->dirty_seq &&
+      gpumem__be_event_synchronize(p->ctx, p->device, p->sev) == GPUMEM_OK)
+    dirty_clear(p);
+}
+
