@@ -63,9 +63,9 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
  * backend calls, or new memory; gpumem__vm_place_cost); ties: the smaller
  * block, then the lower address. This stream's own free blocks are busy, so
  * they score well. */
-/* (4, not 16: with 16 the replays' peaks were higher, 1.018 / 1.003 / 1.007 against 1.015 / 1.003 /
- * 1.005 for bert_dyn, gpt2_gen, resnet50 on sim, with more vm calls, and the random live set of
- * gpumem-bench cost 278.8 instructions per operation against 266.0; 2 moved more chunks on bert_dyn) */
+/* Few candidates: more of them raise the replays' peaks and the backend calls (the search
+ * favours blocks that are cheap to map now over better fits), fewer move more chunks
+ * (docs/internals/HOT-PATH.md). */
 #define VM_CANDIDATES 4
 #define VM_SKIP_MAX 32 /* smaller blocks passed over in the request's own bucket */
 
@@ -363,9 +363,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
        * split from READY. Wait for the device once, so they become READY,
        * coalesce and their chunks idle, then search again. (With several
        * streams the pool does not wait: another stream's work may be long.)
-       * Replays on the simulator with its work held back (gpumem-replay
-       * --sim-lag 400): resnet50 1.255 -> 1.055, bert_dyn 1.139 -> 1.031
-       * (docs/PERFORMANCE.md). Steady state (no growth) never waits.
+       * Without this wait a device running behind the host raises the peak
+       * (gpumem-replay --sim-lag shows it). Steady state (no growth) never waits.
        * (Blocks a single-stream pool made READY without an event are
        * coalesced already: moving their idle chunks waits for the stream in
        * vm_guard, not here.) */

@@ -249,12 +249,11 @@ static int pool_pending(const gpumem__pool *p) { return p->dirty || gpumem__pool
  * (coalescing with every free neighbour): S may reuse it at once, and there
  * is no other stream to keep it from. A block of a small-class segment goes
  * to READY at once: keeping it in S's index first, and moving it when a
- * search wanted it, searched twice and moved every block twice (the random
- * live set of gpumem-bench took 12 % more instructions per operation, and the
- * replays' peaks were the same or higher). Larger blocks stay in S's index,
- * where an exact fit is taken back without touching the granule counts
- * (gpumem__vm_busy is linear in a block's granules: a 1 GiB pair through
- * READY took 8.9 us on the H200, against 0.18 us). No event is recorded or asked: in the
+ * search wanted it, searched twice and moved every block twice, for no
+ * better peaks. Larger blocks stay in S's index, where an exact fit is
+ * taken back without touching the granule counts (gpumem__vm_busy is
+ * linear in a block's granules, so a large block through READY costs
+ * microseconds). No event is recorded or asked: in the
  * steady state of a single-stream program the pool makes no backend call at
  * all. READY is then "dirty": S's work on those blocks may still be queued,
  * which matters in two places only:

@@ -3,13 +3,11 @@
  * Per space, per granule: the chunk mapped there (an index into the pool's
  * chunk table, NIL = none) and the busy byte count. A chunk is one physical
  * allocation (one vm_create) of one or more granules, mapped with one
- * vm_map call over a run of granules and unmapped as a whole. On an H200
- * (2026-11-30) a call costs about the same whatever the size up to 128 MiB:
- * cuMemCreate 10-40 us, cuMemMap 1-2 us + cuMemSetAccess 34-43 us,
- * cuMemUnmap 18-25 us; cuMemRelease 14-18 us for 2 MiB, 0.4-0.8 us per MiB
- * for large chunks. (One unmap or set-access over a range of several
- * mappings costs about one call per mapping, and a mapping of part of a
- * chunk is refused: fewer chunks, not calls over ranges, save time.) Chunks with no busy granule are "idle"
+ * vm_map call over a run of granules and unmapped as a whole. A driver call
+ * costs tens of microseconds whatever the size (one call over a range of
+ * several mappings costs one call per mapping, and a mapping of part of a
+ * chunk is refused): fewer chunks, not calls over ranges, save time
+ * (figures: docs/internals/HOT-PATH.md). Chunks with no busy granule are "idle"
  * and sit on one doubly linked list per pool (indices, oldest first).
  * Every backend call goes through backend.c. */
 #include "vmseg.h"
@@ -25,12 +23,9 @@
 /* The largest chunk, in bytes: a run of unmapped granules longer than this
  * gets several chunks. A chunk is unmapped only as a whole, so a block that
  * stays live inside a chunk keeps the chunk's other granules from being
- * moved or trimmed while they are idle. Measured on the three traces of
- * shared/traces (sim, 2026-11-30): 2 MiB granules, chunks of at most 2 / 3 /
- * 4 / 6 granules: bert_dyn peak/live 1.006 / 1.010 / 1.015 / 1.019 (1.003
- * with 2 MiB chunks), backend vm calls 6,660 / 4,806 / 3,726 / 2,490 (17,260);
- * resnet50 and gpt2_gen stay within 1.009 throughout. 8 MiB keeps every
- * ratio under 1.02 with about a quarter of the calls. */
+ * moved or trimmed while they are idle: larger chunks mean fewer backend
+ * calls and slightly higher peaks; 8 MiB keeps held/live under 1.02 on the
+ * recorded traces with about a quarter of the calls of 2 MiB chunks. */
 #define CHUNK_MAX_BYTES ((size_t)8 << 20)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16

@@ -104,3 +104,28 @@ def test_stats_sum_over_devices_subprocess():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["True 1048576 3145728", "1 1", "True False 1 0"]
+
+
+def test_binding_fields_match_the_c_list(ctx):
+    """capi.Stats (and so Context.stats) has the fields of the C library's list, in its order.
+
+    gpumem_stats_format's JSON keys come from the one list of the C library (src/stats_fields.h,
+    checked against gpumem.h at build time), so a field added on one side only fails here.
+    """
+    import ctypes
+    import json
+
+    from gpumem import capi
+
+    fn = capi.lib.gpumem_stats_format
+    needed = ctypes.c_size_t(0)
+    handle = ctypes.c_void_p(ctx._state.handle)
+    st = fn(handle, ctypes.c_int(0), ctypes.c_int(0), None, ctypes.c_size_t(0), ctypes.byref(needed))
+    assert st == 0 and needed.value > 0
+    buf = ctypes.create_string_buffer(needed.value + 256)
+    st = fn(handle, ctypes.c_int(0), ctypes.c_int(0), buf, ctypes.c_size_t(len(buf)), ctypes.byref(needed))
+    assert st == 0
+    keys = [k for k in json.loads(buf.value.decode()) if k not in ("backend", "device")]
+    assert tuple(keys) == capi.STATS_FIELDS
+    assert [n for n, _ in capi.Stats._fields_[:2]] == ["struct_size", "reserved_"]
+    assert ctypes.sizeof(capi.Stats) == 8 + 8 * len(keys)
