@@ -330,6 +330,21 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
   return GPUMEM_ERR_INVALID_POINTER;
 }
 
+gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (ptr == NULL) return GPUMEM_ERR_INVALID_POINTER;
+  /* as in a free: the pool is found through the index and checks the entry under its lock */
+  for (int tries = 0; tries < 4; tries++) {
+    gpumem__pool *p = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr);
+    if (p == NULL) break;
+    gpumem_status st = gpumem__pool_record_stream(p, ptr, stream);
+    if (st != GPUMEM_ERR_INVALID_POINTER) return st;
+  }
+  gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "gpumem_record_stream(%p): not a live allocation of this context", ptr);
+  return GPUMEM_ERR_INVALID_POINTER;
+}
+
 gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device) {
   if (ctx == NULL || ptr == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);

@@ -327,7 +327,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
        * call names the stream). An exact fit of the stream's own, all mapped,
        * is taken at once: no event is recorded or asked (on CUDA that is
        * about a microsecond per allocation). */
-      if (p->npending > 0 || p->nmarks > 0) gpumem__poll_pending(p);
+      if (p->npending > 0 || p->nmarks > 0 || p->ndeferred > 0) gpumem__poll_pending(p);
       if (r != NULL && r->batches == NULL && r->idx->nblocks > 0) {
         if (p->solo == SOLO_ONE) {
           gpumem__solo_drain(p, r); /* no event: READY becomes dirty */

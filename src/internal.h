@@ -177,7 +177,10 @@ struct gpumem__block {
   gpumem__block *prev, *next;  /* address order within the segment */
   gpumem__block *fprev, *fnext;/* bucket list of the fidx (free blocks) */
   struct gpumem__fidx *idx;    /* the fidx holding it, NULL = live (or in a thread cache) */
-  uint64_t fseq;               /* in a STREAM fidx: its stream's free number (the latest, when merged) */
+  union {
+    uint64_t fseq;             /* free, in a STREAM fidx: its stream's free number (the latest, when merged) */
+    struct gpumem__uses *uses; /* live: streams noted by gpumem_record_stream (NULL: none; set at every allocation) */
+  };
   uintptr_t addr;
   size_t requested;            /* live: bytes asked for */
   const char *tag;             /* live: tag for leak reports */
@@ -229,6 +232,8 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
 void gpumem__pool_destroy(gpumem__pool *pool);
 
 /** acct: the calling thread's cache accounting when that cache belongs to this pool (exact peak), else NULL. */
+/** gpumem_record_stream under the pool lock (stream_order.c): GPUMEM_ERR_INVALID_POINTER when ptr is not live in this pool. */
+gpumem_status gpumem__pool_record_stream(gpumem__pool *pool, void *ptr, gpumem_stream stream);
 gpumem_status gpumem__pool_alloc(gpumem__pool *pool, size_t size, gpumem_stream stream, const char *tag, void **out,
                                  gpumem__tc_acct *acct);
 /** Free a block whose pointer was looked up in the pointer index (the pool validates it under its lock). */

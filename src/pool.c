@@ -117,7 +117,7 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
   gpumem__srec *r = srec_find(p, stream);
   if (r != NULL) gpumem__stream_touch(p, r); /* this call names the stream: its unbatched frees get their event */
   gpumem__block *b = search_cache(p, r, rsize, rcls);
-  if (b == NULL && (p->npending > 0 || p->nmarks > 0)) {
+  if (b == NULL && (p->npending > 0 || p->nmarks > 0 || p->ndeferred > 0)) {
     gpumem__poll_pending(p); /* events recorded by earlier calls on their own streams */
     b = idx_find(p->ready, rsize, rcls);
   }
@@ -231,6 +231,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       }
       b->requested = size;
       b->tag = tag;
+      b->uses = NULL;
       p->st.allocated_bytes += b->size;
       if (acct != NULL) {
         acct->last = b;
@@ -287,6 +288,13 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
   p->st.num_live--;
   b->requested = 0;
   b->tag = NULL;
+  /* noted on other streams: it waits for their work first (gpumem_record_stream) */
+  if (GPUMEM__UNLIKELY(b->uses != NULL) && gpumem__defer_free(p, b, stream)) return;
+  gpumem__free_place(p, b, stream, named);
+}
+
+/* A freed block (counted free already) into the free sets of its stream, or READY. */
+void gpumem__free_place(gpumem__pool *p, gpumem__block *b, gpumem_stream stream, int named) {
   if (p->vm != NULL) {
     solo_note(p, stream);
     if (p->solo == SOLO_WARM && stream == p->solo_s && ++p->solo_frees >= SOLO_WARM_FREES) p->solo = SOLO_ONE;
@@ -402,10 +410,15 @@ gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *p) { return &p->st; }
  * values go to what is left, cumulative ones stay. */
 static gpumem_status pool_clear_locked(gpumem__pool *p) {
   gpumem_context *ctx = p->ctx;
-  /* 1. invalidate live blocks */
+  /* 1. invalidate live blocks (parked frees are dropped with them) */
+  gpumem__deferred_clear(p);
   for (gpumem__segment *s = p->segs; s != NULL; s = s->next)
     for (gpumem__block *b = s->head; b != NULL; b = b->next)
-      if (b->idx == NULL) (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p, 1);
+      if (b->idx == NULL) {
+        free(b->uses);
+        b->uses = NULL;
+        (void)gpumem__ptrmap_remove(&ctx->map, b->addr, p, 1);
+      }
   /* 2. forget every free index: batches (and their events), stream records, READY */
   gpumem__batch *bt = p->pending_head;
   while (bt != NULL) {
@@ -577,6 +590,7 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
   gpumem__fidx_clear(p->ready, IDX_READY);
+  gpumem__fidx_clear(&p->deferred_set, IDX_DEFERRED);
   p->vm = gpumem__vm_pool_new(ctx, device, p->total, &p->st);
   p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
   if (p->vm != NULL) gpumem__vm_set_guard(p->vm, gpumem__vm_guard, p);

@@ -65,7 +65,7 @@
 #define GPUMEM__LARGE_ROUND (2 * MiB) /* bigger requests get their own segment, rounded to this */
 
 enum { CLS_SMALL = 0, CLS_LARGE = 1, CLS_MIXED = 2, CLS_COUNT = 3 };
-enum { IDX_STREAM = 0, IDX_PENDING = 1, IDX_READY = 2 };
+enum { IDX_STREAM = 0, IDX_PENDING = 1, IDX_READY = 2, IDX_DEFERRED = 3 };
 /* Segment kinds: plain backend-malloc segments, and expandable ones: one
  * reserved address range whose granules are mapped on demand (vmseg.c;
  * the glue is in "Expandable segments" below). */
@@ -82,6 +82,8 @@ typedef struct gpumem__segment gpumem__segment;
 typedef struct gpumem__fidx gpumem__fidx;
 typedef struct gpumem__srec gpumem__srec;
 typedef struct gpumem__batch gpumem__batch;
+typedef struct gpumem__uses gpumem__uses;
+typedef struct gpumem__deferred gpumem__deferred;
 
 /* struct gpumem__block is in internal.h (the thread caches, tcache.c, read its size and set requested/tag) */
 
@@ -166,6 +168,11 @@ struct gpumem__pool {
   int nogrow;                  /* thread caches of this pool may hold blocks: do not grow, let them flush first */
   int grow_blocked;            /* ... and the call would have grown */
   size_t nmarks;               /* streams with a pending mark */
+  /* Frees of blocks noted on other streams (gpumem_record_stream), waiting for those streams'
+   * events; such a block's idx is &deferred_set (in no TLSF: no search finds it). */
+  struct gpumem__deferred *deferred;
+  size_t ndeferred;
+  gpumem__fidx deferred_set;
   gpumem_stats st;
   gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
   /* Single-stream expandable pools ("solo", see free_locked): */
@@ -235,6 +242,9 @@ gpumem_status gpumem__vm_guard(void *arg);
 void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream);
 void gpumem__quarantine_step(gpumem__pool *p, gpumem_stream stream, int named);
 void gpumem__sync_all(gpumem__pool *p);
+int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream);
+void gpumem__poll_deferred(gpumem__pool *p, int wait);
+void gpumem__deferred_clear(gpumem__pool *p);
 
 /* trim.c: when and how cached memory goes back */
 gpumem_status gpumem__seg_release(gpumem__pool *p, gpumem__segment *s);
@@ -252,6 +262,7 @@ gpumem_status gpumem__vm_clear(gpumem__pool *p);
 /* pool.c: segments from the backend */
 gpumem_status gpumem__seg_create(gpumem__pool *p, size_t size, int cls, gpumem__segment **out);
 void gpumem__seg_unlink(gpumem__pool *p, gpumem__segment *s);
+void gpumem__free_place(gpumem__pool *p, gpumem__block *b, gpumem_stream stream, int named);
 
 /* pool_check.c: the invariant checker (GPUMEM_DEBUG builds check after every call) */
 gpumem_status gpumem__vm_check_seg(gpumem__pool *p, gpumem__segment *s);

@@ -60,7 +60,7 @@ static gpumem_status check_fidx(gpumem__pool *p, gpumem__fidx *f, int kind, size
 
 static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t *live_out) {
   uint64_t reserved = 0, allocated = 0, requested = 0, live = 0, nseg = 0, empty_bytes = 0;
-  size_t free_blocks = 0;
+  size_t free_blocks = 0, ndeferred = 0;
   for (gpumem__segment *s = p->segs; s != NULL; s = s->next) {
     CHECK(s->pool == p);
     CHECK(s->next == NULL || s->next->prev == s);
@@ -71,7 +71,9 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
       CHECK(b->addr == at);
       CHECK(b->size > 0 && b->size % GPUMEM__ALIGN == 0);
       CHECK(b->next == NULL || b->next->prev == b);
-      if (b->idx == NULL) {
+      if (b->idx == &p->deferred_set) {
+        ndeferred++; /* freed, waiting for noted streams: counted free, in no free set */
+      } else if (b->idx == NULL) {
         live++;
         allocated += b->size;
         requested += b->requested;
@@ -121,6 +123,7 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
     if (st != GPUMEM_OK) return st;
   }
   CHECK(nb == p->npending);
+  CHECK(ndeferred == p->ndeferred);
   CHECK(seen == free_blocks);
   CHECK(reserved + (p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0) == p->st.reserved_bytes);
   CHECK(allocated == p->st.allocated_bytes);
@@ -135,9 +138,7 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
   return GPUMEM_OK;
 }
 
-#ifdef GPUMEM_DEBUG
-static gpumem_status gpumem__pool_check_locked(gpumem__pool *p) { return pool_check_locked(p, 0, NULL); }
-#endif
+gpumem_status gpumem__pool_check_locked(gpumem__pool *p) { return pool_check_locked(p, 0, NULL); }
 
 gpumem_status gpumem__pool_check(gpumem__pool *p, uint64_t *live_count) {
   gpumem__mutex_lock(&p->lock);

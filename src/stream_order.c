@@ -186,6 +186,7 @@ static void poll_marks(gpumem__pool *p) {
 
 /* Move every batch (and mark) whose event has completed to READY. No waiting. */
 void gpumem__poll_pending(gpumem__pool *p) {
+  if (p->ndeferred > 0) gpumem__poll_deferred(p, 0);
   poll_marks(p);
   gpumem__batch *b = p->pending_head;
   while (b != NULL) {
@@ -240,7 +241,9 @@ int gpumem__pool_pending_blocks(const gpumem__pool *p) {
   return 0;
 }
 
-static int pool_pending(const gpumem__pool *p) { return p->dirty || gpumem__pool_pending_blocks(p); }
+static int pool_pending(const gpumem__pool *p) {
+  return p->dirty || p->ndeferred > 0 || gpumem__pool_pending_blocks(p);
+}
 
 /* Single-stream expandable pools ("solo"). Once an expandable pool has
  * seen SOLO_WARM_FREES frees on one stream S and no other stream (before
@@ -366,6 +369,7 @@ void gpumem__sync_all(gpumem__pool *p) {
   if (!pool_pending(p)) return;
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
     dirty_clear(p);
+    if (p->ndeferred > 0) gpumem__poll_deferred(p, 0); /* their events completed with the device */
     for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
       if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
@@ -373,6 +377,7 @@ void gpumem__sync_all(gpumem__pool *p) {
       if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) gpumem__drain_to_ready(p, p->stab[i]->idx);
     return;
   }
+  if (p->ndeferred > 0) gpumem__poll_deferred(p, 1);
   gpumem__batch *b = p->pending_head;
   while (b != NULL) {
     gpumem__batch *n = b->next;
@@ -389,3 +394,153 @@ void gpumem__sync_all(gpumem__pool *p) {
     dirty_clear(p);
 }
 
+
+/* ---------------------------------------------------------------------- */
+/* Streams noted on live blocks (gpumem_record_stream)                     */
+/*
+ * A live block may be used by work on streams other than the one it is freed
+ * on. Each such stream is noted on the block (gpumem__uses). Its free then
+ * records one event on every noted stream other than the freeing one and
+ * parks the block (a gpumem__deferred, the block in no TLSF) until every event
+ * has completed; only then is it freed on the freeing stream as any block is
+ * (gpumem__free_place), so it serves no allocation, on any stream, before the
+ * noted streams' work is done. Noting bumps the block's state by 2 (it stays
+ * live): a thread cache that remembers the block then misses it, so the free
+ * takes the full path, which sees the notes (tcache.c never keeps such a block).
+ * The noted streams must be valid until the free: the free is the one call
+ * that names them to the backend (documented with gpumem_record_stream).
+ */
+
+struct gpumem__uses {
+  uint32_t n, cap;
+  gpumem_stream s[];
+};
+
+struct gpumem__deferred {
+  struct gpumem__deferred *next;
+  gpumem__block *b;
+  gpumem_stream stream; /* the freeing stream */
+  uint32_t nev;
+  gpumem_event ev[];
+};
+
+gpumem_status gpumem__pool_record_stream(gpumem__pool *p, void *ptr, gpumem_stream stream) {
+  gpumem_status st = GPUMEM_OK;
+  uintptr_t key = (uintptr_t)ptr;
+  uint64_t h = gpumem__ptrmap_hash(key);
+  gpumem__ptrmap_shard *sh = gpumem__ptrmap_shard_of(&p->ctx->map, h);
+  gpumem__mutex_lock(&p->lock);
+  gpumem__ptrmap_lock(sh);
+  gpumem__ptrmap_entry *e = gpumem__ptrmap_find(sh, key, h);
+  gpumem__block *b = e != NULL && e->pool == p ? e->block : NULL;
+  uint64_t state = b != NULL ? atomic_load_explicit(&b->state, memory_order_acquire) : 1u;
+  if ((state & 1u) != 0) { /* absent, another pool's, or in a thread cache: not live */
+    st = GPUMEM_ERR_INVALID_POINTER;
+    goto out;
+  }
+  gpumem__uses *u = b->uses;
+  for (uint32_t i = 0; u != NULL && i < u->n; i++)
+    if (u->s[i] == stream) goto out; /* noted already */
+  if (u == NULL || u->n == u->cap) {
+    uint32_t cap = u == NULL ? 2 : u->cap * 2;
+    gpumem__uses *nu = realloc(u, sizeof *nu + cap * sizeof nu->s[0]);
+    if (nu == NULL) {
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
+      goto out;
+    }
+    if (u == NULL) nu->n = 0;
+    nu->cap = cap;
+    b->uses = u = nu;
+  }
+  u->s[u->n++] = stream;
+  /* even -> even + 2: still live, but no thread cache's memory of it matches (see above); the
+   * shard lock keeps a concurrent free's look-up and swap from passing between */
+  atomic_fetch_add_explicit(&b->state, 2u, memory_order_acq_rel);
+out:
+  gpumem__ptrmap_unlock(sh);
+  gpumem__mutex_unlock(&p->lock);
+  return st;
+}
+
+/* A free of b (counted already) on `stream`, b noted on other streams: events on those, b parked.
+ * Returns 1 when parked, 0 when the caller frees it at once (no other stream, or the wait was done
+ * here because no event or host memory could be had). */
+int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) {
+  gpumem__uses *u = b->uses;
+  b->uses = NULL;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < u->n; i++) n += u->s[i] != stream;
+  if (n == 0) {
+    free(u);
+    return 0;
+  }
+  gpumem__deferred *d = p->ctx->has_events ? malloc(sizeof *d + n * sizeof d->ev[0]) : NULL;
+  int ok = d != NULL;
+  uint32_t k = 0;
+  for (uint32_t i = 0; ok && i < u->n; i++) {
+    if (u->s[i] == stream) continue;
+    if (ev_get(p, &d->ev[k]) != GPUMEM_OK) {
+      ok = 0;
+      break;
+    }
+    if (gpumem__be_event_record(p->ctx, p->device, d->ev[k], u->s[i]) != GPUMEM_OK) {
+      (void)gpumem__be_event_destroy(p->ctx, p->device, d->ev[k]);
+      ok = 0;
+      break;
+    }
+    k++;
+  }
+  free(u);
+  if (!ok) {
+    /* no event or no host memory: wait for the device here, then b is free as usual */
+    for (uint32_t i = 0; i < k; i++) ev_put(p, d->ev[i]);
+    free(d);
+    (void)gpumem__be_device_synchronize(p->ctx, p->device);
+    return 0;
+  }
+  d->nev = k;
+  d->b = b;
+  d->stream = stream;
+  d->next = p->deferred;
+  p->deferred = d;
+  p->ndeferred++;
+  b->idx = &p->deferred_set;
+  return 1;
+}
+
+/* Parked frees whose events all completed (with wait: waited for) are freed on their stream. */
+void gpumem__poll_deferred(gpumem__pool *p, int wait) {
+  gpumem__deferred **pp = &p->deferred;
+  while (*pp != NULL) {
+    gpumem__deferred *d = *pp;
+    uint32_t i = 0;
+    for (; i < d->nev; i++) {
+      int done = 0;
+      if (wait ? gpumem__be_event_synchronize(p->ctx, p->device, d->ev[i]) != GPUMEM_OK
+               : gpumem__be_event_query(p->ctx, p->device, d->ev[i], &done) != GPUMEM_OK || !done)
+        break;
+    }
+    if (i < d->nev) {
+      pp = &d->next;
+      continue;
+    }
+    *pp = d->next;
+    p->ndeferred--;
+    for (i = 0; i < d->nev; i++) ev_put(p, d->ev[i]);
+    d->b->idx = NULL;
+    gpumem__free_place(p, d->b, d->stream, 0); /* 0: no backend call with that stream now */
+    free(d);
+  }
+}
+
+/* Reset and destroy: parked frees are dropped with every other block. */
+void gpumem__deferred_clear(gpumem__pool *p) {
+  while (p->deferred != NULL) {
+    gpumem__deferred *d = p->deferred;
+    p->deferred = d->next;
+    for (uint32_t i = 0; i < d->nev; i++) (void)gpumem__be_event_destroy(p->ctx, p->device, d->ev[i]);
+    d->b->idx = NULL;
+    free(d);
+  }
+  p->ndeferred = 0;
+}

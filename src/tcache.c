@@ -449,7 +449,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   size_t bsize = b->size;
   unsigned k = bsize <= GPUMEM__TC_MAX_SIZE ? c->class_of[bsize >> 8] : 0;
   int keep = bsize <= GPUMEM__TC_MAX_SIZE && c->ctx == ctx && c->stream == stream && p == c->pool &&
-             gpumem__tc_fits(c, k, bsize);
+             b->uses == NULL && gpumem__tc_fits(c, k, bsize); /* noted on other streams: the pool waits for them */
   /* a thread cache that remembered the block may claim it without the shard lock: the swap decides */
   if (!atomic_compare_exchange_strong_explicit(&b->state, &state, state + (keep ? 1u : 2u), memory_order_acq_rel,
                                                memory_order_acquire)) {

@@ -56,7 +56,7 @@ void gpumem__check_threshold(gpumem__pool *p) {
   if (cached_bytes(p) <= thr) return;
   uint64_t rel = 0;
   (void)gpumem__release_empty(p, thr, &rel);
-  if (cached_bytes(p) > thr && (p->npending > 0 || p->nmarks > 0)) {
+  if (cached_bytes(p) > thr && (p->npending > 0 || p->nmarks > 0 || p->ndeferred > 0)) {
     gpumem__poll_pending(p);
     (void)gpumem__release_empty(p, thr, &rel);
   }
