@@ -84,8 +84,8 @@ if os.path.exists(times_file):
         except ValueError:
             pass
 # a fresh build: the slowest of the measured run of 2026-11-30 (docs/RELIABILITY.md) first
-hint = ["test_fault_sweep", "test_vmseg", "test_faults", "test_alloc", "test_fragmentation", "test_config",
-        "test_misuse", "test_stress", "test_trace"]
+hint = ["test_fault_sweep", "test_expandable_segments", "test_fault_mixed", "test_pool_alloc",
+        "test_expandable_fragmentation", "test_options", "test_misuse", "test_stress", "test_trace"]
 tests.sort(key=lambda t: -last[t["name"]] if t["name"] in last
            else -1e9 + hint.index(t["name"]) if t["name"] in hint else 0)
 

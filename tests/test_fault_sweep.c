@@ -16,7 +16,7 @@
  *     the sim has 0 bytes handed out.
  * Scenarios: size classes, cross-stream frees with delayed events, trim
  * (explicit and threshold), reset, scopes and buffers, OOM with callback and limit.
- * tests/test_faults.c sweeps one mixed scenario; this file sweeps each feature on its own.
+ * tests/test_fault_mixed.c sweeps one mixed scenario; this file sweeps each feature on its own.
  */
 #include "testutil.h"
 

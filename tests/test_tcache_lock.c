@@ -4,7 +4,7 @@
  * while another thread takes every cache over and over; every block's contents are stamped and
  * checked (a block handed to two owners, or flushed while its owner pops it, shows as damage or as
  * inexact statistics), and the statistics are exact once the owners stop. The same tests run with
- * GPUMEM_TC_LOCKED=1 (the spinlock used without membarrier) as test_thread_cache_lock_locked. */
+ * GPUMEM_TC_LOCKED=1 (the spinlock used without membarrier) as test_tcache_lock_locked. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>

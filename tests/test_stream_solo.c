@@ -1,4 +1,4 @@
-/* The steady state of a single-stream pool with expandable segments (src/pool.c,
+/* The steady state of a single-stream pool with expandable segments (src/stream_order.c,
  * "Single-stream expandable pools"): a random live set on one stream makes no
  * event calls once warm (every event record or query costs about a microsecond
  * on a GPU); the blocks it frees without an event are still never unmapped nor

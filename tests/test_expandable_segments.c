@@ -323,7 +323,7 @@ static void test_switch(void **state) {
 }
 
 /* reset with live blocks in expandable segments gives every chunk and range back */
-static void test_reset(void **state) {
+static void test_reset_gives_everything_back(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   gpumem_context *ctx = vm_ctx(NULL);
@@ -446,7 +446,7 @@ int main(void) {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
       TU_TEST(test_release_threshold_inside_segment), TU_TEST(test_no_unmap_while_pending),
       TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
-      TU_TEST(test_reset), TU_TEST(test_vm_call_budget),
+      TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

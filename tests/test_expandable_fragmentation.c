@@ -112,7 +112,7 @@ static void test_resnet50_expandable(void **state) {
 /* A GPU runs behind the host: blocks freed on the stream stay in use on the
  * device for a while, so their chunks cannot move and their space does not
  * coalesce with READY memory. Growing past the peak then waits for the
- * device once (pool.c vm_alloc_locked) instead of mapping new memory. With
+ * device once (expandable.c gpumem__vm_alloc_locked) instead of mapping new memory. With
  * the device 400 events behind: 1.055 (1.255 without the wait). */
 static void test_resnet50_gpu_lag(void **state) {
   (void)state;
