@@ -308,3 +308,31 @@ gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t s
 gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size) {
   GPUMEM__CALL(ctx, "vm_unmap", dev, ctx->be.vm_unmap(&ctx->be, dev, va, size));
 }
+
+/* ---------------------------------------------------------------------- */
+/* Stream capture (graphs)                                                 */
+
+int gpumem__be_has_capture(const gpumem_context *ctx) {
+  return ctx->be.version >= 3 && ctx->be.stream_capture != NULL;
+}
+
+gpumem_status gpumem__be_stream_capture(gpumem_context *ctx, int dev, gpumem_stream s, int *status,
+                                        uint64_t *capture_id) {
+  int st = GPUMEM_CAPTURE_NONE;
+  uint64_t id = 0;
+  if (!gpumem__be_has_capture(ctx)) {
+    *status = GPUMEM_CAPTURE_NONE;
+    *capture_id = 0;
+    return GPUMEM_OK;
+  }
+  int code = ctx->be.stream_capture(&ctx->be, dev, s, &st, &id);
+  if (GPUMEM__UNLIKELY(code != 0)) return fail(ctx, "stream_capture", dev, code);
+  if (st != GPUMEM_CAPTURE_NONE && st != GPUMEM_CAPTURE_ACTIVE && st != GPUMEM_CAPTURE_INVALIDATED) {
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_ERROR, "backend %s: stream_capture (device %d) gave status %d, not 0, 1 or 2",
+                ctx->be_name, dev, st);
+    return GPUMEM_ERR_BACKEND;
+  }
+  *status = st;
+  *capture_id = st == GPUMEM_CAPTURE_NONE ? 0 : id;
+  return GPUMEM_OK;
+}

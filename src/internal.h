@@ -162,6 +162,14 @@ int gpumem__be_has_annotations(const gpumem_context *ctx);
 void gpumem__be_annotate_alloc(gpumem_context *ctx, int dev, void *p, size_t size);
 void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size);
 
+/* Stream capture (backend version 3). has_capture: the backend reports capture
+ * at all. stream_capture: *status one of GPUMEM_CAPTURE_NONE/ACTIVE/INVALIDATED
+ * and *capture_id (0 with NONE); NONE when the backend has no capture. Legal
+ * during any capture, from any thread. */
+int gpumem__be_has_capture(const gpumem_context *ctx);
+gpumem_status gpumem__be_stream_capture(gpumem_context *ctx, int dev, gpumem_stream s, int *status,
+                                        uint64_t *capture_id);
+
 /* ---------------------------------------------------------------------- */
 /* pool.c                                                                  */
 

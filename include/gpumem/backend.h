@@ -20,6 +20,37 @@
  *   device before returning, so that no context is created on a device that
  *   was not named.
  * - No toolkit header is included here.
+ *
+ * Stream capture (CUDA/HIP graphs), for backend authors. While a stream is
+ * captured, the runtime records work queued on it instead of running it, and
+ * some calls break the capture: the runtime then invalidates it
+ * (cudaErrorStreamCaptureInvalidated on later calls, and cudaStreamEndCapture
+ * fails), which ruins the application's graph. The rules (CUDA runtime API,
+ * cudaThreadExchangeStreamCaptureMode and cudaStreamBeginCapture; CUDA
+ * Programming Guide, "Prohibited and Unhandled Operations"):
+ * - "Potentially unsafe" calls (cudaMalloc, cudaMemGetInfo, cudaEventQuery,
+ *   the cuMem* virtual-memory calls, ...) are refused, and invalidate the
+ *   capture, when the calling thread's capture interaction mode is global (the
+ *   default) and this thread has a non-relaxed capture under way or any other
+ *   thread has a global-mode capture under way; or when the thread's mode is
+ *   thread-local and this thread has a non-relaxed capture under way. A
+ *   backend makes its own such calls in relaxed mode
+ *   (cudaThreadExchangeStreamCaptureMode around them, as PyTorch's caching
+ *   allocator does around cudaMalloc), so that an allocation never breaks a
+ *   capture. The memory is not part of the graph: the core keeps it for the
+ *   graph until the graph's pool is released.
+ * - Some calls conflict with any capture, whatever the mode: synchronizing
+ *   or querying a capturing stream, querying or synchronizing an event last
+ *   recorded in a capture, synchronizing the device (or its context) while any
+ *   of its streams captures, and using the legacy default stream (NULL) while a
+ *   blocking stream of the device captures. The core does not make them while
+ *   stream_capture() says a capture may be under way.
+ * - Freeing device memory (cudaFree, cuMemRelease/cuMemUnmap of memory a graph
+ *   may use) is never made legal by relaxing: cudaFree synchronizes the device,
+ *   and the graph may still use the memory. A backend's free() stays in the
+ *   caller's mode; the core defers frees while a capture is under way.
+ * - stream_capture() itself must be legal during any capture, from any
+ *   thread, and must never invalidate one.
  */
 #ifndef GPUMEM_BACKEND_H
 #define GPUMEM_BACKEND_H
@@ -31,7 +62,7 @@ extern "C" {
 #endif
 
 /** \brief The vtable version this header describes. */
-#define GPUMEM_BACKEND_VERSION 2
+#define GPUMEM_BACKEND_VERSION 3
 
 /** \brief An event handle (cudaEvent_t, hipEvent_t, or the backend's own). */
 typedef void *gpumem_event;
@@ -121,8 +152,37 @@ typedef void (*gpumem_backend_annotate_alloc_fn)(gpumem_backend *be, int device,
  */
 typedef void (*gpumem_backend_annotate_free_fn)(gpumem_backend *be, int device, void *ptr, size_t size);
 
+/** \brief stream_capture() status: the stream is not capturing. */
+#define GPUMEM_CAPTURE_NONE 0
+/** \brief stream_capture() status: the stream is capturing (for the NULL stream: a blocking stream of the device is, so work on the NULL stream would break that capture). */
+#define GPUMEM_CAPTURE_ACTIVE 1
+/** \brief stream_capture() status: the stream's capture was invalidated and not yet ended. */
+#define GPUMEM_CAPTURE_INVALIDATED 2
+
 /**
- * \brief A backend: data members first, then methods (version 1, then version 2).
+ * \brief `int stream_capture(gpumem_backend *be, int device, gpumem_stream stream, int *status, uint64_t *capture_id)`: optional (version 3).
+ *
+ * Reports whether `stream` (of visible device `device`) is being captured
+ * into a graph: `*status` is ::GPUMEM_CAPTURE_NONE, ::GPUMEM_CAPTURE_ACTIVE
+ * or ::GPUMEM_CAPTURE_INVALIDATED; `*capture_id` is the id of the capture
+ * sequence (cudaStreamGetCaptureInfo's id: unique per capture sequence in the
+ * process), 0 when there is none. For the NULL (legacy default) stream, which
+ * cannot itself be captured, the answer is cudaStreamIsCapturing's:
+ * ::GPUMEM_CAPTURE_ACTIVE with id 0 while a blocking stream of the device
+ * captures (work queued on the NULL stream would then invalidate that
+ * capture), else ::GPUMEM_CAPTURE_NONE.
+ *
+ * Must be legal during any capture in any mode, from any thread, and must not
+ * invalidate one (see the rules in this file's description). Called from any
+ * thread, possibly concurrently; no lock of the core is held. NULL: the
+ * backend has no capture (the core treats every stream as not capturing).
+ * Returns 0, or a backend code for a bad device or stream.
+ */
+typedef int (*gpumem_backend_stream_capture_fn)(gpumem_backend *be, int device, gpumem_stream stream, int *status,
+                                                uint64_t *capture_id);
+
+/**
+ * \brief A backend: data members first, then methods (version 1, then version 2, then version 3).
  */
 struct gpumem_backend {
   uint32_t version;    /**< ::GPUMEM_BACKEND_VERSION the backend was written for (>= 1) */
@@ -164,6 +224,9 @@ struct gpumem_backend {
    * checking tool is attached, so that they then cost nothing. */
   gpumem_backend_annotate_alloc_fn annotate_alloc; /**< optional (version 2) */
   gpumem_backend_annotate_free_fn annotate_free;   /**< optional (version 2) */
+
+  /* ---- version 3: stream capture (graphs), optional (NULL = no capture) ---- */
+  gpumem_backend_stream_capture_fn stream_capture; /**< optional (version 3) */
 };
 
 /**

@@ -31,6 +31,10 @@ typedef enum gpumem_sim_error {
   GPUMEM_SIM_ERR_BAD_ENV = 3,       /**< GPUMEM_SIM_DEVICES does not parse (maps to ::GPUMEM_ERR_INVALID_ARGUMENT; its message names the variable) */
   GPUMEM_SIM_ERR_INVALID_DEVICE = 101, /**< bad device (maps to ::GPUMEM_ERR_INVALID_DEVICE) */
   GPUMEM_SIM_ERR_NO_DEVICE = 100,   /**< no visible device (maps to ::GPUMEM_ERR_NO_BACKEND) */
+  GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED = 900, /**< refused while a stream captures; the capture is invalidated (as cudaErrorStreamCaptureUnsupported; maps to ::GPUMEM_ERR_BACKEND) */
+  GPUMEM_SIM_ERR_CAPTURE_INVALIDATED = 901, /**< the stream's capture was invalidated earlier (as cudaErrorStreamCaptureInvalidated; ::GPUMEM_ERR_BACKEND) */
+  GPUMEM_SIM_ERR_CAPTURE_IMPLICIT = 906,    /**< the NULL stream used while a stream of the device captures; invalidates it (as cudaErrorStreamCaptureImplicit; ::GPUMEM_ERR_BACKEND) */
+  GPUMEM_SIM_ERR_CAPTURED_EVENT = 907,      /**< query or wait on an event last recorded in a capture; invalidates it if under way (as cudaErrorCapturedEvent; ::GPUMEM_ERR_BACKEND) */
   GPUMEM_SIM_ERR_INJECTED = 999     /**< an injected generic fault (maps to ::GPUMEM_ERR_BACKEND) */
 } gpumem_sim_error;
 
@@ -88,6 +92,69 @@ GPUMEM_API gpumem_status gpumem_sim_used_bytes(int device, uint64_t *used);
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_OUT_OF_MEMORY; ::GPUMEM_ERR_NO_BACKEND.
  */
 GPUMEM_API gpumem_status gpumem_sim_set_external_usage(int device, uint64_t bytes);
+
+/** \brief Capture modes, as cudaStreamCaptureMode (values equal to CUDA's). */
+typedef enum gpumem_sim_capture_mode {
+  GPUMEM_SIM_CAPTURE_GLOBAL = 0,       /**< cudaStreamCaptureModeGlobal (a thread's default interaction mode) */
+  GPUMEM_SIM_CAPTURE_THREAD_LOCAL = 1, /**< cudaStreamCaptureModeThreadLocal */
+  GPUMEM_SIM_CAPTURE_RELAXED = 2       /**< cudaStreamCaptureModeRelaxed */
+} gpumem_sim_capture_mode;
+
+/**
+ * \brief Begin capturing a stream of a visible device, as cudaStreamBeginCapture.
+ *
+ * Until gpumem_sim_stream_end_capture(), an event recorded on the stream is
+ * recorded into the capture and runs nothing, and the sim refuses, with a
+ * `GPUMEM_SIM_ERR_CAPTURE_*` code, what CUDA refuses (see the rules in sim.c
+ * and cuda.c), invalidating the capture. The capture belongs to the calling
+ * thread (for the global and thread-local rules).
+ * \param mode a ::gpumem_sim_capture_mode.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL stream: the legacy
+ *         stream cannot be captured; bad mode); ::GPUMEM_ERR_BUSY (the stream is
+ *         already capturing); ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NO_BACKEND
+ *         (sim not initialised); ::GPUMEM_ERR_OUT_OF_MEMORY (host memory). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_begin_capture(int device, gpumem_stream stream, int mode);
+
+/**
+ * \brief End a stream's capture, as cudaStreamEndCapture.
+ * \param invalidated may be NULL; set to 1 when the capture had been
+ *        invalidated (CUDA would return cudaErrorStreamCaptureInvalidated and no
+ *        graph), else 0.
+ * \return ::GPUMEM_OK (the stream no longer captures); ::GPUMEM_ERR_INVALID_ARGUMENT
+ *         (NULL stream, the stream is not capturing, or a non-relaxed capture
+ *         ended from another thread than the one that began it: it stays
+ *         under way); ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NO_BACKEND. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_end_capture(int device, gpumem_stream stream, int *invalidated);
+
+/**
+ * \brief A stream's capture state, as the vtable's stream_capture() reports it.
+ * \param status  set to 0 (none), 1 (active) or 2 (invalidated): GPUMEM_CAPTURE_* of gpumem/backend.h.
+ *                For the NULL stream: 1 while a stream of the device captures.
+ * \param capture_id set to the capture's id (unique in the process), 0 with none.
+ * \param nodes   may be NULL; set to the number of work items recorded into the capture.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL output);
+ *         ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NO_BACKEND. Thread-safe; invalidates nothing.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_capture_status(int device, gpumem_stream stream, int *status,
+                                                          uint64_t *capture_id, uint64_t *nodes);
+
+/**
+ * \brief Swap the calling thread's capture interaction mode, as
+ *        cudaThreadExchangeStreamCaptureMode (each thread starts in global mode).
+ * \param mode in: the new ::gpumem_sim_capture_mode; out: the previous one.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL or bad mode). Thread-safe (per thread).
+ */
+GPUMEM_API gpumem_status gpumem_sim_thread_exchange_capture_mode(int *mode);
+
+/**
+ * \brief Whether the sim makes its own potentially unsafe calls (malloc,
+ *        mem_get_info, event create/destroy/query, vm_*) in relaxed mode, as
+ *        the CUDA backend does. On by default; off models a backend that does
+ *        not, so that tests can see what the relaxation prevents. Thread-safe.
+ */
+GPUMEM_API void gpumem_sim_set_capture_relax(int on);
 
 /**
  * \brief Re-read `GPUMEM_SIM_DEVICES` and `CUDA_VISIBLE_DEVICES` now.

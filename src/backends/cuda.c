@@ -322,6 +322,62 @@ static const char *gb_error_string(int code) {
   return s ? s : "unknown CUDA error";
 }
 
+/* ---- stream capture: the rules --------------------------------------------
+ *
+ * What the CUDA runtime allows while a stream is captured into a graph, and
+ * what this backend does about it:
+ *
+ * - A thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode)
+ *   decides whether it may make "potentially unsafe" calls, such as
+ *   cudaMalloc, which is not queued on a stream and so is not seen by the
+ *   capture. Global (the default): refused while this thread has a capture
+ *   under way that was not begun in relaxed mode, or while any other thread
+ *   has one begun in global mode. Thread-local: refused while this thread has
+ *   a non-relaxed capture under way. Relaxed: not refused. A refused call
+ *   returns cudaErrorStreamCaptureUnsupported and invalidates the capture
+ *   (later calls on it give cudaErrorStreamCaptureInvalidated and
+ *   cudaStreamEndCapture fails): the application's graph is lost. Source: the
+ *   runtime API reference of cudaThreadExchangeStreamCaptureMode and
+ *   cudaStreamBeginCapture.
+ *   So malloc, mem_get_info, the event create/destroy/query methods and every
+ *   vm_* method (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess,
+ *   ... are driver calls of the same kind) run in relaxed mode (gb_open with
+ *   GB_RELAXED), as PyTorch's caching allocator runs cudaMalloc under
+ *   CUDAStreamCaptureModeGuard(cudaStreamCaptureModeRelaxed) while a capture
+ *   is under way (c10/cuda/CUDACachingAllocator.cpp, cudaMallocMaybeCapturing;
+ *   the guard is in c10/cuda/CUDAGraphsC10Utils.h). The memory is not part
+ *   of the graph; the core keeps it for the graph (its private pool).
+ * - Relaxed mode does not permit calls that conflict with capture itself
+ *   (the same reference: "still prohibited from API calls which necessarily
+ *   conflict with stream capture, for example, attempting cudaEventQuery on
+ *   an event that was last recorded inside a stream capture"). The CUDA
+ *   Programming Guide, "Prohibited and Unhandled Operations": it is invalid to
+ *   synchronize or query a stream that is being captured, or a captured
+ *   event, because they stand for no scheduled work; it is invalid to
+ *   synchronize or query a broader handle that contains a capture (the device
+ *   or context while any of its streams captures: cudaDeviceSynchronize); and
+ *   while a stream not created with cudaStreamNonBlocking captures, any use of
+ *   the legacy NULL stream is invalid (synchronous calls such as cudaMemcpy
+ *   use it too), since it would make the legacy stream depend on the capture.
+ *   Such calls fail and invalidate the capture; stream_synchronize,
+ *   device_synchronize, event_synchronize, device_reset and an event record
+ *   or query involving a captured stream or event are therefore left in the
+ *   caller's mode: the core must not make them while stream_capture() reports
+ *   a capture that they touch. PyTorch likewise skips its event queries
+ *   (process_events) while captures are under way and asserts that none is
+ *   when it synchronizes and frees (synchronize_and_free_events).
+ * - cudaFree is not made relaxed: it synchronizes the device, and memory freed
+ *   while a graph may still replay would be handed to other work. PyTorch's
+ *   comment on capture: "It's ok to capture cudaMallocs, as long as we never
+ *   cudaFree those addresses before replay"; it frees cached blocks only when
+ *   no capture is under way. The core defers its frees the same way.
+ * - stream_capture() uses cudaStreamGetCaptureInfo (status and the capture
+ *   sequence's id, unique per sequence in the process) and, for the NULL
+ *   stream, cudaStreamIsCapturing, whose documented answer while a blocking
+ *   stream of the device captures is cudaErrorStreamCaptureImplicit. Both are
+ *   queries, legal during any capture.
+ */
+
 /* ---- the methods shared with HIP ------------------------------------------- */
 
 #define GB_(name) cuda##name
@@ -329,12 +385,26 @@ typedef cudaError_t GB_error_t;
 typedef struct cudaDeviceProp GB_prop_t;
 typedef cudaEvent_t GB_event_t;
 typedef cudaStream_t GB_stream_t;
+typedef enum cudaStreamCaptureMode GB_capture_mode_t;
+typedef enum cudaStreamCaptureStatus GB_capture_status_t;
 #define GB_ERR_NOT_READY cudaErrorNotReady
 #define GB_ERR_NO_DEVICE cudaErrorNoDevice
 #define GB_ERR_INVALID_VALUE cudaErrorInvalidValue
-#include "gpu_backend.h"
+#define GB_ERR_NOT_SUPPORTED cudaErrorNotSupported
+#define GB_ERR_CAPTURE_IMPLICIT cudaErrorStreamCaptureImplicit
+#include "gpu_runtime.inc.c"
 
-/* ---- virtual memory (driver API) -------------------------------------------- */
+static int gb_rt_capture_info(cudaStream_t s, enum cudaStreamCaptureStatus *st, unsigned long long *id) {
+  cudaError_t e;
+#if CUDART_VERSION >= 13000
+  e = cudaStreamGetCaptureInfo(s, st, id, NULL, NULL, NULL, NULL);
+#else
+  e = cudaStreamGetCaptureInfo(s, st, id);
+#endif
+  return gb_fail(e);
+}
+
+/* ---- virtual memory (driver API): the runtime's step of the gb_vm_* methods ---- */
 
 static int gb_vm_prop(int device, CUmemAllocationProp *prop) {
   CUdevice d;
@@ -349,95 +419,47 @@ static int gb_vm_prop(int device, CUmemAllocationProp *prop) {
   return 0;
 }
 
-static int cuda_vm_granularity(gpumem_backend *be, int device, size_t *granularity) {
+static int gb_rt_vm_supported(void) { return g_drv.mem_granularity != NULL; }
+
+static int gb_rt_vm_granularity(int device, size_t *g) {
   CUmemAllocationProp prop;
-  gb_saved s;
-  size_t g = 0;
-  int supported = 0, rc;
-  (void)be;
-  if (!granularity) return (int)cudaErrorInvalidValue;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = gb_vm_prop(device, &prop);
+  int supported = 0;
+  int rc = gb_vm_prop(device, &prop);
   if (rc == 0)
     rc = (int)g_drv.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                          (CUdevice)prop.location.id);
   if (rc == 0 && !supported) rc = (int)cudaErrorNotSupported;
-  if (rc == 0) rc = (int)g_drv.mem_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  gb_leave(&s);
-  if (rc != 0) return rc;
-  *granularity = g;
-  return 0;
-}
-
-static int cuda_vm_reserve(gpumem_backend *be, int device, size_t size, void **va) {
-  gb_saved s;
-  CUdeviceptr p = 0;
-  int rc;
-  (void)be;
-  if (!va) return (int)cudaErrorInvalidValue;
-  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = (int)g_drv.mem_reserve(&p, size, 0, 0, 0);
-  gb_leave(&s);
-  if (rc != 0) return rc;
-  *va = (void *)(uintptr_t)p;
-  return 0;
-}
-
-static int cuda_vm_release(gpumem_backend *be, int device, void *va, size_t size) {
-  gb_saved s;
-  int rc;
-  (void)be;
-  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = (int)g_drv.mem_address_free((CUdeviceptr)(uintptr_t)va, size);
-  gb_leave(&s);
+  if (rc == 0) rc = (int)g_drv.mem_granularity(g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   return rc;
 }
 
-static int cuda_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h) {
+static int gb_rt_vm_reserve(size_t size, void **va) {
+  CUdeviceptr p = 0;
+  int rc = (int)g_drv.mem_reserve(&p, size, 0, 0, 0);
+  if (rc == 0) *va = (void *)(uintptr_t)p;
+  return rc;
+}
+
+static int gb_rt_vm_release(void *va, size_t size) {
+  return (int)g_drv.mem_address_free((CUdeviceptr)(uintptr_t)va, size);
+}
+
+static int gb_rt_vm_create(int device, size_t size, gpumem_phys_handle *h) {
   CUmemAllocationProp prop;
   CUmemGenericAllocationHandle handle = 0;
-  gb_saved s;
-  int rc;
-  (void)be;
-  if (!h) return (int)cudaErrorInvalidValue;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = gb_vm_prop(device, &prop);
+  int rc = gb_vm_prop(device, &prop);
   if (rc == 0) rc = (int)g_drv.mem_create(&handle, size, &prop, 0);
-  gb_leave(&s);
-  if (rc != 0) return rc;
-  *h = (gpumem_phys_handle)handle;
-  return 0;
-}
-
-static int cuda_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) {
-  gb_saved s;
-  int rc;
-  (void)be;
-  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = (int)g_drv.mem_release((CUmemGenericAllocationHandle)h);
-  gb_leave(&s);
+  if (rc == 0) *h = (gpumem_phys_handle)handle;
   return rc;
 }
 
-static int cuda_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
+static int gb_rt_vm_destroy(gpumem_phys_handle h) { return (int)g_drv.mem_release((CUmemGenericAllocationHandle)h); }
+
+static int gb_rt_vm_map(int device, void *va, size_t size, gpumem_phys_handle h) {
   CUmemAccessDesc access;
   CUdevice d;
-  gb_saved s;
   CUdeviceptr p = (CUdeviceptr)(uintptr_t)va;
-  int rc;
-  (void)be;
-  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = (int)g_drv.device_get(&d, device);
+  int rc = (int)g_drv.device_get(&d, device);
   if (rc == 0) rc = (int)g_drv.mem_map(p, size, 0, (CUmemGenericAllocationHandle)h, 0);
   if (rc == 0) {
     memset(&access, 0, sizeof access);
@@ -447,21 +469,10 @@ static int cuda_vm_map(gpumem_backend *be, int device, void *va, size_t size, gp
     rc = (int)g_drv.mem_set_access(p, size, &access, 1);
     if (rc != 0) (void)g_drv.mem_unmap(p, size); /* nothing changes on failure */
   }
-  gb_leave(&s);
   return rc;
 }
 
-static int cuda_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
-  gb_saved s;
-  int rc;
-  (void)be;
-  if (!g_drv.mem_granularity) return (int)cudaErrorNotSupported;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  rc = (int)g_drv.mem_unmap((CUdeviceptr)(uintptr_t)va, size);
-  gb_leave(&s);
-  return rc;
-}
+static int gb_rt_vm_unmap(void *va, size_t size) { return (int)g_drv.mem_unmap((CUdeviceptr)(uintptr_t)va, size); }
 
 /* ---- annotations for compute-sanitizer (NVTX memory API) -------------------
  *
@@ -776,15 +787,16 @@ const gpumem_backend gpumem__cuda_backend = {
     .device_reset = gb_device_reset,
     .error_status = gb_be_error_status,
     .error_string = gb_be_error_string,
-    .vm_granularity = cuda_vm_granularity,
-    .vm_reserve = cuda_vm_reserve,
-    .vm_release = cuda_vm_release,
-    .vm_create = cuda_vm_create,
-    .vm_destroy = cuda_vm_destroy,
-    .vm_map = cuda_vm_map,
-    .vm_unmap = cuda_vm_unmap,
+    .vm_granularity = gb_vm_granularity,
+    .vm_reserve = gb_vm_reserve,
+    .vm_release = gb_vm_release,
+    .vm_create = gb_vm_create,
+    .vm_destroy = gb_vm_destroy,
+    .vm_map = gb_vm_map,
+    .vm_unmap = gb_vm_unmap,
 #ifdef GPUMEM_HAVE_NVTX
     .annotate_alloc = cuda_annotate_alloc,
     .annotate_free = cuda_annotate_free,
 #endif
+    .stream_capture = gb_stream_capture,
 };

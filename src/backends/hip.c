@@ -1,7 +1,9 @@
 /*
  * hip.c: the "hip" backend (AMD GPUs through HIP; Debian's libamdhip64-dev).
  *
- * The same methods as the CUDA backend (gpu_backend.h), on the HIP runtime.
+ * The same methods as the CUDA backend (gpu_runtime.inc.c), on the HIP runtime.
+ * Stream capture follows the rules written in cuda.c; HIP mirrors them
+ * (hipThreadExchangeStreamCaptureMode, hipStreamGetCaptureInfo).
  * With no AMD GPU (no /dev/kfd), hipGetDeviceCount returns hipErrorNoDevice:
  * gpumem_create() then gives GPUMEM_ERR_NO_BACKEND. With Debian's
  * libamdhip64 5.2 this prints nothing, at load or at hipGetDeviceCount
@@ -104,12 +106,20 @@ typedef hipError_t GB_error_t;
 typedef hipDeviceProp_t GB_prop_t;
 typedef hipEvent_t GB_event_t;
 typedef hipStream_t GB_stream_t;
+typedef hipStreamCaptureMode GB_capture_mode_t;
+typedef hipStreamCaptureStatus GB_capture_status_t;
 #define GB_ERR_NOT_READY hipErrorNotReady
 #define GB_ERR_NO_DEVICE hipErrorNoDevice
 #define GB_ERR_INVALID_VALUE hipErrorInvalidValue
-#include "gpu_backend.h"
+#define GB_ERR_NOT_SUPPORTED hipErrorNotSupported
+#define GB_ERR_CAPTURE_IMPLICIT hipErrorStreamCaptureImplicit
+#include "gpu_runtime.inc.c"
 
-/* ---- virtual memory -------------------------------------------------------- */
+static int gb_rt_capture_info(hipStream_t s, hipStreamCaptureStatus *st, unsigned long long *id) {
+  return gb_fail(hipStreamGetCaptureInfo(s, st, id));
+}
+
+/* ---- virtual memory: the runtime's step of the gb_vm_* methods ---------------- */
 
 static void gb_vm_prop(int device, hipMemAllocationProp *prop) {
   memset(prop, 0, sizeof *prop);
@@ -118,92 +128,42 @@ static void gb_vm_prop(int device, hipMemAllocationProp *prop) {
   prop->location.id = device;
 }
 
-static int hip_vm_granularity(gpumem_backend *be, int device, size_t *granularity) {
+static int gb_rt_vm_supported(void) { return 1; }
+
+static int gb_rt_vm_granularity(int device, size_t *g) {
   hipMemAllocationProp prop;
-  gb_saved s;
-  size_t g = 0;
   hipError_t e;
-  int rc;
-  (void)be;
-  if (!granularity) return (int)hipErrorInvalidValue;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
   gb_vm_prop(device, &prop);
-  e = hipMemGetAllocationGranularity(&g, &prop, hipMemAllocationGranularityMinimum);
-  gb_leave(&s);
+  e = hipMemGetAllocationGranularity(g, &prop, hipMemAllocationGranularityMinimum);
   if (e != hipSuccess) return gb_fail(e);
-  if (g == 0) return (int)hipErrorNotSupported;
-  *granularity = g;
+  if (*g == 0) return (int)hipErrorNotSupported;
   return 0;
 }
 
-static int hip_vm_reserve(gpumem_backend *be, int device, size_t size, void **va) {
-  gb_saved s;
-  void *p = NULL;
-  hipError_t e;
-  int rc;
-  (void)be;
-  if (!va) return (int)hipErrorInvalidValue;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  e = hipMemAddressReserve(&p, size, 0, NULL, 0);
-  gb_leave(&s);
-  if (e != hipSuccess) return gb_fail(e);
-  *va = p;
-  return 0;
+static int gb_rt_vm_reserve(size_t size, void **va) {
+  return gb_fail(hipMemAddressReserve(va, size, 0, NULL, 0));
 }
 
-static int hip_vm_release(gpumem_backend *be, int device, void *va, size_t size) {
-  gb_saved s;
-  hipError_t e;
-  int rc;
-  (void)be;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  e = hipMemAddressFree(va, size);
-  gb_leave(&s);
-  return gb_fail(e);
-}
+static int gb_rt_vm_release(void *va, size_t size) { return gb_fail(hipMemAddressFree(va, size)); }
 
-static int hip_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phys_handle *h) {
+static int gb_rt_vm_create(int device, size_t size, gpumem_phys_handle *h) {
   hipMemAllocationProp prop;
   hipMemGenericAllocationHandle_t handle = NULL;
-  gb_saved s;
   hipError_t e;
-  int rc;
-  (void)be;
-  if (!h) return (int)hipErrorInvalidValue;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
   gb_vm_prop(device, &prop);
   e = hipMemCreate(&handle, size, &prop, 0);
-  gb_leave(&s);
   if (e != hipSuccess) return gb_fail(e);
   *h = (gpumem_phys_handle)(uintptr_t)handle;
   return 0;
 }
 
-static int hip_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) {
-  gb_saved s;
-  hipError_t e;
-  int rc;
-  (void)be;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  e = hipMemRelease((hipMemGenericAllocationHandle_t)(uintptr_t)h);
-  gb_leave(&s);
-  return gb_fail(e);
+static int gb_rt_vm_destroy(gpumem_phys_handle h) {
+  return gb_fail(hipMemRelease((hipMemGenericAllocationHandle_t)(uintptr_t)h));
 }
 
-static int hip_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
+static int gb_rt_vm_map(int device, void *va, size_t size, gpumem_phys_handle h) {
   hipMemAccessDesc access;
-  gb_saved s;
-  hipError_t e;
-  int rc;
-  (void)be;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  e = hipMemMap(va, size, 0, (hipMemGenericAllocationHandle_t)(uintptr_t)h, 0);
+  hipError_t e = hipMemMap(va, size, 0, (hipMemGenericAllocationHandle_t)(uintptr_t)h, 0);
   if (e == hipSuccess) {
     memset(&access, 0, sizeof access);
     access.location.type = hipMemLocationTypeDevice;
@@ -212,21 +172,10 @@ static int hip_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpu
     e = hipMemSetAccess(va, size, &access, 1);
     if (e != hipSuccess) (void)hipMemUnmap(va, size); /* nothing changes on failure */
   }
-  gb_leave(&s);
   return gb_fail(e);
 }
 
-static int hip_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
-  gb_saved s;
-  hipError_t e;
-  int rc;
-  (void)be;
-  rc = gb_enter(device, &s);
-  if (rc != 0) return rc;
-  e = hipMemUnmap(va, size);
-  gb_leave(&s);
-  return gb_fail(e);
-}
+static int gb_rt_vm_unmap(void *va, size_t size) { return gb_fail(hipMemUnmap(va, size)); }
 
 const gpumem_backend gpumem__hip_backend = {
     .version = GPUMEM_BACKEND_VERSION,
@@ -250,11 +199,12 @@ const gpumem_backend gpumem__hip_backend = {
     .device_reset = gb_device_reset,
     .error_status = gb_be_error_status,
     .error_string = gb_be_error_string,
-    .vm_granularity = hip_vm_granularity,
-    .vm_reserve = hip_vm_reserve,
-    .vm_release = hip_vm_release,
-    .vm_create = hip_vm_create,
-    .vm_destroy = hip_vm_destroy,
-    .vm_map = hip_vm_map,
-    .vm_unmap = hip_vm_unmap,
+    .vm_granularity = gb_vm_granularity,
+    .vm_reserve = gb_vm_reserve,
+    .vm_release = gb_vm_release,
+    .vm_create = gb_vm_create,
+    .vm_destroy = gb_vm_destroy,
+    .vm_map = gb_vm_map,
+    .vm_unmap = gb_vm_unmap,
+    .stream_capture = gb_stream_capture,
 };

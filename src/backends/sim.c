@@ -188,12 +188,18 @@ static void sim__map_free(sim_map *m) {
 typedef struct sim_stream {
   uint64_t submitted; /* work items recorded so far */
   uint64_t completed; /* work items completed */
+  int cap_status;     /* GPUMEM_CAPTURE_NONE / ACTIVE / INVALIDATED */
+  int cap_mode;       /* GPUMEM_SIM_CAPTURE_* the capture was begun with */
+  uint64_t cap_id;    /* the capture sequence's id, 0 with none */
+  uint64_t cap_nodes; /* work items recorded into the capture */
+  uintptr_t cap_thread; /* sim__self() of the thread that began it */
 } sim_stream;
 
 typedef struct sim_event {
   int device;
   sim_stream *stream; /* NULL until recorded */
   uint64_t target;    /* stream->submitted at record time */
+  uint64_t captured;  /* id of the capture it was last recorded in, 0 if none */
 } sim_event;
 
 typedef struct sim_chunk { /* a vm_create() physical chunk */
@@ -252,6 +258,7 @@ static struct {
   sim_device *dev;
   sim_map events; /* sim_event* -> 1 */
   uint64_t next_handle;
+  int ncaptures;  /* streams whose capture is not yet ended (active or invalidated) */
 } g;
 
 /* Survive the state: fault injection, call counts, delayed mode. */
@@ -262,6 +269,8 @@ static struct {
   int repeat[GPUMEM_SIM_CALL_KINDS_];
   int sticky[GPUMEM_SIM_CALL_KINDS_]; /* repeat fault has fired: fail every call */
   int delayed;
+  uint64_t next_capture_id; /* capture ids are unique in the process, across states */
+  int no_relax;             /* gpumem_sim_set_capture_relax(0) */
 } g_ctl;
 
 /* Count a call of a kind; return the injected error, or 0. Lock held. */
@@ -276,6 +285,10 @@ static int sim__enter(gpumem_sim_call kind) {
   }
   return 0;
 }
+
+/* How a potentially unsafe call is made during a capture (see Stream capture). */
+enum { SIM_CALLER_MODE = 0, SIM_RELAXED = 1 };
+static int sim__unsafe(int relax);
 
 /* The device, or NULL (sets *err). Lock held. */
 static sim_device *sim__device(int device, int *err) {
@@ -502,6 +515,7 @@ static void sim__state_free(void) {
   free(g.dev);
   g.dev = NULL;
   g.ndev = 0;
+  g.ncaptures = 0;
   for (size_t i = 0; i < g.events.cap; i++)
     if (g.events.keys[i]) free((void *)g.events.keys[i]);
   sim__map_free(&g.events);
@@ -634,6 +648,7 @@ static int sim_mem_get_info(gpumem_backend *be, int device, uint64_t *free_bytes
   if (rc == 0 && (!free_bytes || !total_bytes)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   if (rc == 0) {
     sim_device *d = sim__device(device, &rc);
+    if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
     if (d) {
       *free_bytes = sim__avail(d);
       *total_bytes = d->capacity;
@@ -653,6 +668,7 @@ static int sim_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
   rc = sim__enter(GPUMEM_SIM_CALL_MALLOC);
   if (rc == 0 && !ptr) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     if (size == 0) {
       *ptr = NULL;
@@ -688,6 +704,7 @@ static int sim_free(gpumem_backend *be, int device, void *ptr) {
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_FREE);
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && ptr && (rc = sim__unsafe(SIM_CALLER_MODE)) != 0) d = NULL;
   if (d && ptr) {
     size_t i = sim__map_find(&d->allocs, (uintptr_t)ptr);
     if (i == SIZE_MAX) {
@@ -734,13 +751,121 @@ static sim_event *sim__event(int device, gpumem_event ev, int *rc) {
   return (sim_event *)ev;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Stream capture                                                            */
+/*
+ * The sim models CUDA's stream capture (the rules and their sources are in
+ * cuda.c): while a stream captures, an event recorded on it is recorded into
+ * the capture (cap_nodes) and runs nothing; a call that CUDA refuses in that
+ * state fails with a GPUMEM_SIM_ERR_CAPTURE_* code and invalidates the capture
+ * it conflicts with:
+ * - potentially unsafe calls (malloc, free, mem_get_info, event create,
+ *   destroy, query and synchronize, stream synchronize of a stream that is not
+ *   capturing, the vm_* calls but vm_granularity) are refused when the calling
+ *   thread's interaction mode is global and it has a non-relaxed capture under
+ *   way or another thread has a global one; or when its mode is thread-local
+ *   and it has a non-relaxed capture under way. The sim makes its own
+ *   malloc, mem_get_info, event create/destroy/query and vm_* calls in relaxed
+ *   mode, as cuda.c does (gpumem_sim_set_capture_relax(0) turns that off);
+ *   free, the synchronisations and device_reset keep the caller's mode;
+ * - whatever the mode: synchronizing a capturing stream, querying or
+ *   synchronizing an event last recorded in a capture, synchronizing or
+ *   resetting a device while one of its streams captures, and using the NULL
+ *   stream (record, synchronize) while a stream of the device captures (every
+ *   simulated stream is a blocking one).
+ * Calls on a stream whose capture was invalidated fail with
+ * GPUMEM_SIM_ERR_CAPTURE_INVALIDATED until the capture is ended.
+ */
+
+static _Thread_local char sim_tls_self;
+static _Thread_local int sim_tls_mode = GPUMEM_SIM_CAPTURE_GLOBAL;
+
+static uintptr_t sim__self(void) { return (uintptr_t)&sim_tls_self; }
+
+/* Call f on every stream of every device whose capture is not ended. Lock held. */
+#define SIM_FOR_CAPTURES(dev_, s_, body)                                           \
+  do {                                                                            \
+    for (int i_ = 0; g.ncaptures > 0 && i_ < g.ndev; i_++) {                       \
+      sim_device *dev_ = &g.dev[i_];                                              \
+      for (size_t j_ = 0; j_ < dev_->streams.cap; j_++) {                         \
+        if (!dev_->streams.keys[j_]) continue;                                    \
+        sim_stream *s_ = (sim_stream *)dev_->streams.vals[j_];                    \
+        if (s_->cap_status == GPUMEM_CAPTURE_NONE) continue;                      \
+        body                                                                      \
+      }                                                                           \
+    }                                                                             \
+  } while (0)
+
+/* 1 when a stream of the device has a capture under way. Lock held. */
+static int sim__device_capturing(const sim_device *d) {
+  int any = 0;
+  SIM_FOR_CAPTURES(dd, cs, {
+    if (dd == d && cs->cap_status == GPUMEM_CAPTURE_ACTIVE) any = 1;
+  });
+  return any;
+}
+
+/* Invalidate every active capture of a device. Lock held. */
+static void sim__invalidate_device(const sim_device *d) {
+  SIM_FOR_CAPTURES(dd, cs, {
+    if (dd == d && cs->cap_status == GPUMEM_CAPTURE_ACTIVE) cs->cap_status = GPUMEM_CAPTURE_INVALIDATED;
+  });
+}
+
+/* Invalidate the active capture with this id, if any. Lock held. */
+static void sim__invalidate_id(uint64_t id) {
+  SIM_FOR_CAPTURES(dd, cs, {
+    (void)dd;
+    if (cs->cap_id == id && cs->cap_status == GPUMEM_CAPTURE_ACTIVE) cs->cap_status = GPUMEM_CAPTURE_INVALIDATED;
+  });
+}
+
+/*
+ * A potentially unsafe call by this thread: 0 when the capture rules allow
+ * it; else GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED, and the captures that forbid
+ * it are invalidated. `relax`: the sim makes this call in relaxed mode (as
+ * cuda.c does), unless gpumem_sim_set_capture_relax(0). Lock held.
+ */
+static int sim__unsafe(int relax) {
+  int mode = (relax == SIM_RELAXED && !g_ctl.no_relax) ? GPUMEM_SIM_CAPTURE_RELAXED : sim_tls_mode;
+  int refused = 0;
+  if (mode == GPUMEM_SIM_CAPTURE_RELAXED || g.ncaptures == 0) return 0;
+  uintptr_t me = sim__self();
+  SIM_FOR_CAPTURES(dd, cs, {
+    (void)dd;
+    if (cs->cap_status != GPUMEM_CAPTURE_ACTIVE) continue;
+    int mine = cs->cap_thread == me;
+    if ((mine && cs->cap_mode != GPUMEM_SIM_CAPTURE_RELAXED) ||
+        (!mine && cs->cap_mode == GPUMEM_SIM_CAPTURE_GLOBAL && mode == GPUMEM_SIM_CAPTURE_GLOBAL)) {
+      cs->cap_status = GPUMEM_CAPTURE_INVALIDATED;
+      refused = 1;
+    }
+  });
+  return refused ? GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED : 0;
+}
+
+/* Use of a stream of a device by a call that queues or waits on it: 0, or why
+ * not (and the captures it conflicts with invalidated). Lock held. */
+static int sim__stream_use(sim_device *d, gpumem_stream stream) {
+  if (g.ncaptures == 0) return 0;
+  if (!stream) {
+    if (!sim__device_capturing(d)) return 0;
+    sim__invalidate_device(d);
+    return GPUMEM_SIM_ERR_CAPTURE_IMPLICIT;
+  }
+  sim_stream *s = sim__stream(d, stream, 0);
+  if (s && s->cap_status == GPUMEM_CAPTURE_INVALIDATED) return GPUMEM_SIM_ERR_CAPTURE_INVALIDATED;
+  return 0;
+}
+
 static int sim_event_create(gpumem_backend *be, int device, gpumem_event *ev) {
   (void)be;
   int rc;
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
   if (rc == 0 && !ev) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-  if (rc == 0 && sim__device(device, &rc)) {
+  if (rc == 0 && sim__device(device, &rc)) rc = sim__unsafe(SIM_RELAXED);
+  if (rc == 0) {
     sim_event *e = calloc(1, sizeof *e);
     if (!e || sim__map_put(&g.events, (uintptr_t)e, 1) != 0) {
       free(e);
@@ -759,6 +884,7 @@ static int sim_event_destroy(gpumem_backend *be, int device, gpumem_event ev) {
   int rc = 0;
   pthread_mutex_lock(&g_lock);
   sim_event *e = sim__event(device, ev, &rc);
+  if (e && (rc = sim__unsafe(SIM_RELAXED)) != 0) e = NULL;
   if (e) {
     sim__map_del_at(&g.events, sim__map_find(&g.events, (uintptr_t)e));
     free(e);
@@ -773,11 +899,18 @@ static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpu
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
   sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e && (rc = sim__stream_use(&g.dev[device], stream)) != 0) e = NULL;
   if (e) {
     sim_stream *s = sim__stream(&g.dev[device], stream, 1);
     if (!s) {
       rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else if (s->cap_status == GPUMEM_CAPTURE_ACTIVE) {
+      s->cap_nodes++; /* recorded into the capture: runs nothing now */
+      e->captured = s->cap_id;
+      e->stream = NULL;
+      e->target = 0;
     } else {
+      e->captured = 0;
       if (g_ctl.delayed) s->submitted++;
       else s->completed = s->submitted;
       e->stream = s;
@@ -795,6 +928,12 @@ static int sim_event_query(gpumem_backend *be, int device, gpumem_event ev, int 
   rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
   if (rc == 0 && !complete) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e && e->captured) {
+    sim__invalidate_id(e->captured);
+    rc = GPUMEM_SIM_ERR_CAPTURED_EVENT;
+    e = NULL;
+  }
+  if (e && (rc = sim__unsafe(SIM_RELAXED)) != 0) e = NULL;
   if (e) *complete = !e->stream || e->stream->completed >= e->target;
   pthread_mutex_unlock(&g_lock);
   return rc;
@@ -806,6 +945,12 @@ static int sim_event_synchronize(gpumem_backend *be, int device, gpumem_event ev
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
   sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e && e->captured) {
+    sim__invalidate_id(e->captured);
+    rc = GPUMEM_SIM_ERR_CAPTURED_EVENT;
+    e = NULL;
+  }
+  if (e && (rc = sim__unsafe(SIM_CALLER_MODE)) != 0) e = NULL;
   if (e && e->stream && e->stream->completed < e->target) e->stream->completed = e->target;
   pthread_mutex_unlock(&g_lock);
   return rc;
@@ -819,7 +964,14 @@ static int sim_stream_synchronize(gpumem_backend *be, int device, gpumem_stream 
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
   if (d) {
     sim_stream *s = sim__stream(d, stream, 0);
-    if (s) s->completed = s->submitted;
+    if (s && s->cap_status == GPUMEM_CAPTURE_ACTIVE) {
+      s->cap_status = GPUMEM_CAPTURE_INVALIDATED; /* a capturing stream stands for no work to wait for */
+      rc = GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED;
+    } else {
+      rc = sim__stream_use(d, stream);
+      if (rc == 0) rc = sim__unsafe(SIM_CALLER_MODE);
+    }
+    if (rc == 0 && s) s->completed = s->submitted;
   }
   pthread_mutex_unlock(&g_lock);
   return rc;
@@ -831,6 +983,11 @@ static int sim_device_synchronize(gpumem_backend *be, int device) {
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_SYNC);
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && sim__device_capturing(d)) {
+    sim__invalidate_device(d); /* the device contains the capture: waiting for it is invalid */
+    rc = GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED;
+    d = NULL;
+  }
   if (d) sim__device_complete(d);
   pthread_mutex_unlock(&g_lock);
   return rc;
@@ -841,6 +998,11 @@ static int sim_device_reset(gpumem_backend *be, int device) {
   int rc = 0;
   pthread_mutex_lock(&g_lock);
   sim_device *d = sim__device(device, &rc);
+  if (d && sim__device_capturing(d)) {
+    sim__invalidate_device(d);
+    rc = GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED;
+    d = NULL;
+  }
   if (d) {
     sim__device_release_memory(d);
     sim__device_complete(d);
@@ -867,6 +1029,17 @@ static gpumem_status sim_error_status(const gpumem_backend *be, int code) {
 static const char *sim_error_string(const gpumem_backend *be, int code) {
   (void)be;
   switch (code) {
+  case GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED:
+    return "sim: operation not permitted while a stream is capturing (a potentially unsafe call under a global or "
+           "thread-local capture, or a synchronisation of a capturing stream or of its device); the capture is now "
+           "invalidated";
+  case GPUMEM_SIM_ERR_CAPTURE_INVALIDATED:
+    return "sim: the stream's capture was invalidated by an earlier operation; end the capture first";
+  case GPUMEM_SIM_ERR_CAPTURE_IMPLICIT:
+    return "sim: the NULL (legacy) stream was used while a stream of the device is capturing; the capture is now "
+           "invalidated";
+  case GPUMEM_SIM_ERR_CAPTURED_EVENT:
+    return "sim: the event was last recorded in a capture and stands for no work: it cannot be queried or waited for";
   case GPUMEM_SIM_OK: return "sim: no error";
   case GPUMEM_SIM_ERR_INVALID_VALUE:
     return "sim: invalid value (a NULL output, an unknown pointer, event or handle, or a misaligned or unknown range)";
@@ -908,6 +1081,7 @@ static int sim_vm_reserve(gpumem_backend *be, int device, size_t size, void **va
   rc = sim__enter(GPUMEM_SIM_CALL_MAP);
   if (rc == 0 && (!va || size == 0 || size > SIZE_MAX / 2)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     size_t len = (size + SIM_VM_GRANULARITY - 1) & ~(SIM_VM_GRANULARITY - 1);
     size_t total = len + SIM_VM_GRANULARITY;
@@ -945,6 +1119,7 @@ static int sim_vm_release(gpumem_backend *be, int device, void *va, size_t size)
   int rc = 0;
   pthread_mutex_lock(&g_lock);
   sim_device *d = sim__device(device, &rc);
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     sim_resv **pr = &d->resvs;
     while (*pr && (*pr)->va != (char *)va) pr = &(*pr)->next;
@@ -976,6 +1151,7 @@ static int sim_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phy
   rc = sim__enter(GPUMEM_SIM_CALL_MALLOC);
   if (rc == 0 && (!h || size == 0 || size % SIM_VM_GRANULARITY)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     sim_chunk *c;
     if ((uint64_t)size > sim__avail(d)) {
@@ -1010,6 +1186,7 @@ static int sim_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) 
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_FREE);
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     sim_chunk *c = sim__chunk(d, h);
     if (!c || c->destroyed) {
@@ -1030,6 +1207,7 @@ static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpu
   rc = sim__enter(GPUMEM_SIM_CALL_MAP);
   if (rc == 0 && (!va || size == 0 || !sim__aligned(va, size))) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     char *p = va;
     sim_resv *r = sim__resv_containing(d, p, size);
@@ -1068,6 +1246,7 @@ static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
   rc = sim__enter(GPUMEM_SIM_CALL_MAP);
   if (rc == 0 && (!va || size == 0 || !sim__aligned(va, size))) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
   if (d) {
     char *p = va;
     sim_resv *r = sim__resv_containing(d, p, size);
@@ -1108,6 +1287,39 @@ static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Vtable: stream capture                                                    */
+
+/* A query: legal during any capture, invalidates nothing. Lock held. */
+static int sim__capture_query(int device, gpumem_stream stream, int *status, uint64_t *id, uint64_t *nodes) {
+  int rc = 0;
+  sim_device *d = sim__device(device, &rc);
+  if (!d) return rc;
+  *status = GPUMEM_CAPTURE_NONE;
+  *id = 0;
+  if (nodes) *nodes = 0;
+  if (!stream) {
+    if (sim__device_capturing(d)) *status = GPUMEM_CAPTURE_ACTIVE; /* the legacy stream is blocked by it */
+    return 0;
+  }
+  sim_stream *s = sim__stream(d, stream, 0);
+  if (s && s->cap_status != GPUMEM_CAPTURE_NONE) {
+    *status = s->cap_status;
+    *id = s->cap_id;
+    if (nodes) *nodes = s->cap_nodes;
+  }
+  return 0;
+}
+
+static int sim_stream_capture(gpumem_backend *be, int device, gpumem_stream stream, int *status, uint64_t *capture_id) {
+  (void)be;
+  if (!status || !capture_id) return GPUMEM_SIM_ERR_INVALID_VALUE;
+  pthread_mutex_lock(&g_lock);
+  int rc = sim__capture_query(device, stream, status, capture_id, NULL);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The vtable                                                                */
 
 const gpumem_backend gpumem__sim_backend = {
@@ -1143,6 +1355,7 @@ const gpumem_backend gpumem__sim_backend = {
   .annotate_alloc = sim_annotate_alloc,
   .annotate_free = sim_annotate_free,
 #endif
+  .stream_capture = sim_stream_capture,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1241,4 +1454,85 @@ GPUMEM_API gpumem_status gpumem_sim_reinit(void) {
   rc = sim__read_env(&cfg);
   pthread_mutex_unlock(&g_lock);
   return sim__status_of(rc);
+}
+
+static int sim__mode_ok(int mode) {
+  return mode == GPUMEM_SIM_CAPTURE_GLOBAL || mode == GPUMEM_SIM_CAPTURE_THREAD_LOCAL ||
+         mode == GPUMEM_SIM_CAPTURE_RELAXED;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_begin_capture(int device, gpumem_stream stream, int mode) {
+  int rc = 0;
+  gpumem_status st = GPUMEM_OK;
+  if (!stream || !sim__mode_ok(mode)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d) {
+    sim_stream *s = sim__stream(d, stream, 1);
+    if (!s) {
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
+    } else if (s->cap_status != GPUMEM_CAPTURE_NONE) {
+      st = GPUMEM_ERR_BUSY;
+    } else {
+      s->cap_status = GPUMEM_CAPTURE_ACTIVE;
+      s->cap_mode = mode;
+      s->cap_id = ++g_ctl.next_capture_id;
+      s->cap_nodes = 0;
+      s->cap_thread = sim__self();
+      g.ncaptures++;
+    }
+  } else {
+    st = sim__status_of(rc);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return st;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_end_capture(int device, gpumem_stream stream, int *invalidated) {
+  int rc = 0;
+  gpumem_status st = GPUMEM_OK;
+  if (!stream) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d) {
+    sim_stream *s = sim__stream(d, stream, 0);
+    if (!s || s->cap_status == GPUMEM_CAPTURE_NONE) {
+      st = GPUMEM_ERR_INVALID_ARGUMENT; /* not capturing */
+    } else if (s->cap_mode != GPUMEM_SIM_CAPTURE_RELAXED && s->cap_thread != sim__self()) {
+      st = GPUMEM_ERR_INVALID_ARGUMENT; /* a non-relaxed capture ends on the thread that began it */
+    } else {
+      if (invalidated) *invalidated = s->cap_status == GPUMEM_CAPTURE_INVALIDATED;
+      s->cap_status = GPUMEM_CAPTURE_NONE;
+      s->cap_id = 0;
+      s->cap_thread = 0;
+      g.ncaptures--;
+    }
+  } else {
+    st = sim__status_of(rc);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return st;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_capture_status(int device, gpumem_stream stream, int *status,
+                                                          uint64_t *capture_id, uint64_t *nodes) {
+  if (!status || !capture_id) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  int rc = sim__capture_query(device, stream, status, capture_id, nodes);
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_thread_exchange_capture_mode(int *mode) {
+  if (!mode || !sim__mode_ok(*mode)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  int prev = sim_tls_mode;
+  sim_tls_mode = *mode;
+  *mode = prev;
+  return GPUMEM_OK;
+}
+
+GPUMEM_API void gpumem_sim_set_capture_relax(int on) {
+  pthread_mutex_lock(&g_lock);
+  g_ctl.no_relax = on == 0;
+  pthread_mutex_unlock(&g_lock);
 }
