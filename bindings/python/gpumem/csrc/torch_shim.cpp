@@ -719,6 +719,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "libgpumem as PyTorch's CUDA allocator (used by gpumem.torch)";
   m.def("install", &gpumem_torch::install, "Make libgpumem PyTorch's CUDA allocator");
   m.def("installed", &gpumem_torch::installed, "True while the shim is PyTorch's CUDA allocator");
+  m.def("allocator_name", [] { return c10::cuda::CUDACachingAllocator::name(); },
+        "name() of PyTorch's current CUDA allocator");
   m.def("context_handle", &gpumem_torch::context_handle, "The gpumem_context* the shim allocates from, as an int");
   m.attr("SHIM_HASH") = GPUMEM_TORCH_SHIM_HASH;
   m.attr("TORCH_VERSION") = TORCH_VERSION;
