@@ -501,7 +501,8 @@ GPUMEM_API gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint6
 GPUMEM_API gpumem_status gpumem_get_limit(gpumem_context *ctx, int device, uint64_t *limit_bytes);
 
 /**
- * \brief The largest free block cached on `device` (what one allocation can get without growing).
+ * \brief The largest free block cached on `device`: what one allocation can get without growing
+ *        (with expandable segments, every cached byte, since idle memory is remapped where it is needed).
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
  */
 GPUMEM_API gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int device, uint64_t *bytes);

@@ -106,6 +106,18 @@ static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
   if (n > 0) *len = (*len + (size_t)n < cap) ? *len + (size_t)n : cap - 1;
 }
 
+/* Graph pools' live blocks in destroy's leak report. */
+typedef struct leak_acc {
+  uint64_t *count, *bytes;
+  gpumem__leak *first;
+  size_t *nfirst;
+} leak_acc;
+
+static void graph_live(gpumem__pool *p, void *arg) {
+  leak_acc *a = arg;
+  gpumem__pool_live(p, a->count, a->bytes, a->first, GPUMEM__LEAK_MAX, a->nfirst);
+}
+
 gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   if (ctx == NULL || (flags & ~GPUMEM_DESTROY_FORCE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
@@ -117,6 +129,8 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
     gpumem__pool *p = pool_get(ctx, d);
     if (p != NULL) gpumem__pool_live(p, &count, &bytes, first, GPUMEM__LEAK_MAX, &nfirst);
   }
+  leak_acc la = {&count, &bytes, first, &nfirst};
+  gpumem__graph_each(ctx, -1, graph_live, &la);
   if (count > 0) {
     char msg[1024];
     size_t len = 0;
@@ -131,6 +145,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
     gpumem__log(&ctx->opt.log, (flags & GPUMEM_DESTROY_FORCE) ? GPUMEM_LOG_INFO : GPUMEM_LOG_WARN, "%s", msg);
     if (!(flags & GPUMEM_DESTROY_FORCE)) return GPUMEM_ERR_BUSY;
   }
+  gpumem__graph_collect(ctx, 1);
   for (int d = 0; d < ctx->ndev; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     if (p != NULL && count > 0 && GPUMEM__MON_ON(ctx)) gpumem__monitor_drop(ctx, p);
@@ -266,6 +281,10 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
                                  void **out_ptr, int looked) {
   gpumem__pool *p;
+  if (GPUMEM__UNLIKELY(gpumem__capturing(ctx))) {
+    gpumem_graph_pool *gp = gpumem__graph_route(ctx, device, stream);
+    if (gp != NULL) return gpumem__pool_alloc(gpumem__graph_pool_of(gp), size, stream, tag, out_ptr, NULL);
+  }
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
   if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
@@ -370,8 +389,62 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
     gpumem_status st = gpumem__pool_trim(p, keep_bytes, &rel);
     if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
   }
+  gpumem__graph_collect(ctx, 0); /* released graph pools whose blocks were freed since */
   if (released != NULL) *released = rel;
   return first;
+}
+
+gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint64_t limit_bytes) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (!valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem__pool *p;
+  gpumem_status st = pool_get_or_create(ctx, device, &p);
+  if (st != GPUMEM_OK) return st;
+  gpumem__pool_set_limit(p, limit_bytes);
+  gpumem_stats s;
+  gpumem__pool_get_stats(p, &s);
+  if (limit_bytes != 0 && s.reserved_bytes > limit_bytes) {
+    /* cached memory above the new cap goes back now; live memory stays until it is freed */
+    if (ctx->tc_on) (void)gpumem__tc_flush(ctx, p, 0);
+    uint64_t rel = 0, keep = limit_bytes > s.allocated_bytes ? limit_bytes - s.allocated_bytes : 0;
+    st = gpumem__pool_trim(p, keep, &rel);
+  }
+  return st;
+}
+
+gpumem_status gpumem_get_limit(gpumem_context *ctx, int device, uint64_t *limit_bytes) {
+  if (ctx == NULL || limit_bytes == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (!valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem__pool *p = pool_get(ctx, device);
+  if (p != NULL) {
+    *limit_bytes = gpumem__pool_get_limit(p);
+    return GPUMEM_OK;
+  }
+  /* no pool yet (none is made for this): the limit it will get */
+  uint64_t lim = ctx->opt.limit_bytes;
+  if (ctx->opt.limit_fraction > 0.0) {
+    gpumem_backend_device_info bi;
+    memset(&bi, 0, sizeof bi);
+    gpumem_status st = gpumem__be_device_info(ctx, device, &bi);
+    if (st != GPUMEM_OK) return st;
+    double f = ctx->opt.limit_fraction * (double)bi.total_bytes;
+    uint64_t fl = f >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)f;
+    if (lim == 0 || fl < lim) lim = fl;
+    if (lim == 0) lim = 1;
+  }
+  *limit_bytes = lim;
+  return GPUMEM_OK;
+}
+
+gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int device, uint64_t *bytes) {
+  if (ctx == NULL || bytes == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (!valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem__pool *p = pool_get(ctx, device);
+  *bytes = p != NULL ? gpumem__pool_largest_free(p) : 0;
+  return GPUMEM_OK;
 }
 
 gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
@@ -426,6 +499,12 @@ static void stats_add(gpumem_stats *a, const gpumem_stats *b) {
   a->num_limit_exceeded += b->num_limit_exceeded;
 }
 
+static void graph_stats_add(gpumem__pool *p, void *arg) {
+  gpumem_stats one;
+  gpumem__pool_get_stats(p, &one);
+  stats_add((gpumem_stats *)arg, &one);
+}
+
 gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *out) {
   if (ctx == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
@@ -446,6 +525,8 @@ gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *ou
     stats_add(&sum, &one);
   }
   if (ctx->tc_on) gpumem__tc_unlock_all();
+  /* graph pools' memory counts for its device, as PyTorch counts its graph pools */
+  gpumem__graph_each(ctx, device, graph_stats_add, &sum);
   sum.struct_size = (uint32_t)(out->struct_size ? out->struct_size : sizeof sum);
   sum.reserved_ = 0;
   memcpy(out, &sum, want < sizeof sum ? want : sizeof sum);

@@ -388,7 +388,33 @@ struct gpumem_context {
   _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
   gpumem__mutex trace_lock;     /* guards trace and the trace file */
   struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
+  /* graph.c: graph pools and the streams routed to them */
+  atomic_int nroutes;           /* routed streams; while > 0 (a capture may be under way): thread caches are
+                                 * off, and no call synchronises the device or gives memory back to it */
+  int tc_saved;                 /* tc_on before the first route */
+  struct gpumem_graph_pool *graphs; /* every graph pool of the context, under lock */
+  struct gpumem__route *routes; /* nroutes entries, under lock */
+  size_t route_cap;
 };
+
+/** 1 while a stream is routed to a graph pool (graph.c): no device synchronisation or backend free now. */
+static inline int gpumem__capturing(const gpumem_context *ctx) {
+  return atomic_load_explicit(&((gpumem_context *)ctx)->nroutes, memory_order_acquire) > 0;
+}
+/** graph.c: the graph pool an allocation on (device, stream) is routed to, or NULL. */
+struct gpumem_graph_pool *gpumem__graph_route(gpumem_context *ctx, int device, gpumem_stream stream);
+/** graph.c: the device pool of a graph pool. */
+gpumem__pool *gpumem__graph_pool_of(struct gpumem_graph_pool *gp);
+/** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
+void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
+/** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */
+void gpumem__graph_collect(gpumem_context *ctx, int destroy_all);
+/** pool.c: a device pool for a graph pool: plain segments, no events, never trimmed by policy. */
+gpumem_status gpumem__pool_create_graph(gpumem_context *ctx, int device, gpumem__pool **out);
+/** pool.c: the limit (settable), and the largest free block (expandable: idle mapped bytes count). */
+void gpumem__pool_set_limit(gpumem__pool *p, uint64_t limit);
+uint64_t gpumem__pool_get_limit(gpumem__pool *p);
+uint64_t gpumem__pool_largest_free(gpumem__pool *p);
 
 /* ---------------------------------------------------------------------- */
 /* context.c: gpumem_alloc past the inlined thread-cache hit (pool creation, the cache's full path, monitoring);

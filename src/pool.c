@@ -290,6 +290,8 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
   b->tag = NULL;
   /* noted on other streams: it waits for their work first (gpumem_record_stream) */
   if (GPUMEM__UNLIKELY(b->uses != NULL) && gpumem__defer_free(p, b, stream)) return;
+  /* a stream may be under capture: no event on it (an event recorded in a capture cannot be asked) */
+  if (GPUMEM__UNLIKELY(gpumem__capturing(p->ctx))) named = 0;
   gpumem__free_place(p, b, stream, named);
 }
 
@@ -564,7 +566,49 @@ void gpumem__pool_live(gpumem__pool *p, uint64_t *count, uint64_t *bytes, gpumem
   gpumem__mutex_unlock(&p->lock);
 }
 
+static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gpumem__pool **out);
+
 gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out) {
+  return pool_create_(ctx, device, 0, out);
+}
+
+/* A graph pool's memory is replayed by graphs at fixed addresses: plain segments (never
+ * remapped), no events (its frees are reused by their own stream), no initial segment. */
+gpumem_status gpumem__pool_create_graph(gpumem_context *ctx, int device, gpumem__pool **out) {
+  return pool_create_(ctx, device, 1, out);
+}
+
+void gpumem__pool_set_limit(gpumem__pool *p, uint64_t limit) {
+  gpumem__mutex_lock(&p->lock);
+  p->limit = limit;
+  gpumem__mutex_unlock(&p->lock);
+}
+
+uint64_t gpumem__pool_get_limit(gpumem__pool *p) {
+  gpumem__mutex_lock(&p->lock);
+  uint64_t l = p->limit;
+  gpumem__mutex_unlock(&p->lock);
+  return l;
+}
+
+uint64_t gpumem__pool_largest_free(gpumem__pool *p) {
+  gpumem__mutex_lock(&p->lock);
+  uint64_t best = 0;
+  for (gpumem__segment *s = p->segs; s != NULL; s = s->next) {
+    if (s->kind != SEG_PLAIN) continue; /* expandable: idle chunks move to wherever a block needs them */
+    for (gpumem__block *b = s->head; b != NULL; b = b->next)
+      if (b->idx != NULL && b->idx != &p->deferred_set && b->size > best) best = b->size;
+  }
+  if (p->vm != NULL) {
+    /* mapped cached memory is placed wherever a block needs it (idle chunks move), once free for all */
+    uint64_t idle = cached_bytes(p);
+    if (idle > best) best = idle;
+  }
+  gpumem__mutex_unlock(&p->lock);
+  return best;
+}
+
+static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gpumem__pool **out) {
   gpumem_backend_device_info info;
   memset(&info, 0, sizeof info);
   gpumem_status st = gpumem__be_device_info(ctx, device, &info);
@@ -591,11 +635,12 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
   }
   gpumem__fidx_clear(p->ready, IDX_READY);
   gpumem__fidx_clear(&p->deferred_set, IDX_DEFERRED);
-  p->vm = gpumem__vm_pool_new(ctx, device, p->total, &p->st);
+  p->graph = graph;
+  p->vm = graph ? NULL : gpumem__vm_pool_new(ctx, device, p->total, &p->st);
   p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
   if (p->vm != NULL) gpumem__vm_set_guard(p->vm, gpumem__vm_guard, p);
 
-  uint64_t init = ctx->opt.initial_bytes;
+  uint64_t init = graph ? 0 : ctx->opt.initial_bytes;
   if (init > 0) {
     if (init > (uint64_t)(SIZE_MAX - GPUMEM__LARGE_ROUND)) {
       LOG(p, GPUMEM_LOG_WARN, "device %d: initial_bytes %llu is too large; not preallocating", device,

@@ -173,6 +173,7 @@ struct gpumem__pool {
   struct gpumem__deferred *deferred;
   size_t ndeferred;
   gpumem__fidx deferred_set;
+  int graph;                   /* a graph pool's (graph.c): no events, no trimming by policy */
   gpumem_stats st;
   gpumem__vmpool *vm;          /* expandable segments; NULL = plain segments only */
   /* Single-stream expandable pools ("solo", see free_locked): */

@@ -214,7 +214,7 @@ void gpumem__poll_pending(gpumem__pool *p) {
  * synchronisation (trim, reset, the out-of-memory and limit paths), which
  * makes every free block of the device READY. */
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
-  if (r->idx->nblocks == 0 || !p->ctx->has_events) return;
+  if (r->idx->nblocks == 0 || !p->ctx->has_events || p->graph || gpumem__capturing(p->ctx)) return;
   if (p->scount < 2 && p->hungry == 0) { /* one stream so far: a mark, the blocks stay */
     if (!r->has_mark) mark_record(p, r);
     return;
@@ -311,7 +311,7 @@ gpumem_status gpumem__settle(gpumem__pool *p) {
       return GPUMEM_OK;
     }
   }
-  if (p->g_wait) {
+  if (p->g_wait && !gpumem__capturing(p->ctx)) {
     gpumem_status st = gpumem__be_device_synchronize(p->ctx, p->device);
     if (st != GPUMEM_OK) return st;
     dirty_clear(p);
@@ -367,6 +367,7 @@ void gpumem__quarantine_step(gpumem__pool *p, gpumem_stream stream, int named) {
  * device cannot be synchronised, wait on the events already recorded. */
 void gpumem__sync_all(gpumem__pool *p) {
   if (!pool_pending(p)) return;
+  if (gpumem__capturing(p->ctx)) return; /* a device synchronisation would invalidate a capture */
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
     dirty_clear(p);
     if (p->ndeferred > 0) gpumem__poll_deferred(p, 0); /* their events completed with the device */

@@ -24,6 +24,7 @@ gpumem_status gpumem__seg_release(gpumem__pool *p, gpumem__segment *s) {
 
 /* Release wholly free READY segments while cached > keep. Adds to *released. */
 gpumem_status gpumem__release_empty(gpumem__pool *p, uint64_t keep, uint64_t *released) {
+  if (gpumem__capturing(p->ctx)) return GPUMEM_OK; /* no backend free while a capture may be under way */
   gpumem_status first = GPUMEM_OK;
   gpumem__segment *s = p->empty;
   while (s != NULL && cached_bytes(p) > keep) {
@@ -52,6 +53,7 @@ void gpumem__count_trim(gpumem__pool *p, uint64_t released, const char *why) {
 
 /* After a free: keep cached <= release_threshold, without waiting. */
 void gpumem__check_threshold(gpumem__pool *p) {
+  if (p->graph) return; /* a graph pool gives memory back only when released or trimmed explicitly */
   uint64_t thr = p->ctx->opt.release_threshold;
   if (cached_bytes(p) <= thr) return;
   uint64_t rel = 0;
@@ -71,7 +73,7 @@ void gpumem__check_threshold(gpumem__pool *p) {
 /* After growing: if the device's free memory is below trim_free_fraction of total, give back free segments. */
 void gpumem__check_free_fraction(gpumem__pool *p) {
   double frac = p->ctx->opt.trim_free_fraction;
-  if (frac <= 0.0) return;
+  if (frac <= 0.0 || p->graph || gpumem__capturing(p->ctx)) return;
   uint64_t fr = 0, tot = 0;
   if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return;
   if ((double)fr >= frac * (double)tot) return;

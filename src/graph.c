@@ -1,0 +1,244 @@
+/* graph.c: graph pools (stream capture) and the streams routed to them.
+ *
+ * A graph pool owns a device pool of its own (gpumem__pool_create_graph:
+ * plain segments that never move, no events, no trimming by policy), so its
+ * memory is never handed to work outside the graphs that use it. Allocations
+ * reach it explicitly (gpumem_graph_pool_alloc, what PyTorch's filter-based
+ * routing uses) or through a route: gpumem_graph_pool_begin(pool, stream)
+ * sends every allocation on that stream, and on every stream of the same
+ * capture, to the pool until gpumem_graph_pool_end. Frees find the pool
+ * through the pointer index, as every free does.
+ *
+ * While any route exists a capture may be under way, and the rules of
+ * capture hold for the whole context: the thread caches are off (their hits
+ * would hand out memory that work outside the graph reuses), frees record no
+ * event on their stream, and no call synchronises the device or gives memory
+ * back to it (gpumem__capturing; the backends make their other calls legal
+ * in any capture mode). Released pools whose blocks are still live are kept
+ * until those blocks are freed; gpumem_trim and gpumem_destroy give them back.
+ */
+#include "internal.h"
+#include "tcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct gpumem_graph_pool {
+  gpumem_context *ctx;
+  int device;
+  gpumem__pool *pool;
+  int nroutes;     /* streams routed to it */
+  int released;    /* gpumem_graph_pool_release was called: given back once its blocks are free */
+  struct gpumem_graph_pool *next;
+};
+
+typedef struct gpumem__route {
+  gpumem_graph_pool *gp;
+  gpumem_stream stream;
+  uint64_t capture_id; /* the stream's capture, once seen capturing (0: not yet) */
+} gpumem__route;
+
+gpumem__pool *gpumem__graph_pool_of(gpumem_graph_pool *gp) { return gp->pool; }
+
+gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_graph_pool **out) {
+  if (ctx == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (device < 0 || device >= ctx->ndev) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem_graph_pool *gp = calloc(1, sizeof *gp);
+  if (gp == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
+  gpumem_status st = gpumem__pool_create_graph(ctx, device, &gp->pool);
+  if (st != GPUMEM_OK) {
+    free(gp);
+    return st;
+  }
+  gp->ctx = ctx;
+  gp->device = device;
+  gpumem__mutex_lock(&ctx->lock);
+  gp->next = ctx->graphs;
+  ctx->graphs = gp;
+  gpumem__mutex_unlock(&ctx->lock);
+  *out = gp;
+  return GPUMEM_OK;
+}
+
+gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *gp, size_t size, gpumem_stream stream, void **out_ptr) {
+  if (gp == NULL || out_ptr == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(gp->ctx)) return gpumem__forked_status(gp->ctx, __func__);
+  if (size == 0) {
+    *out_ptr = NULL;
+    return GPUMEM_OK;
+  }
+  return gpumem__pool_alloc(gp->pool, size, stream, NULL, out_ptr, NULL);
+}
+
+gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream stream) {
+  if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem_context *ctx = gp->ctx;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  gpumem_status st = GPUMEM_OK;
+  gpumem__mutex_lock(&ctx->lock);
+  int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
+  for (int i = 0; i < n; i++)
+    if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == gp->device) {
+      st = GPUMEM_ERR_INVALID_ARGUMENT; /* routed already (to this pool or another) */
+      goto out;
+    }
+  if ((size_t)n == ctx->route_cap) {
+    size_t cap = ctx->route_cap ? ctx->route_cap * 2 : 4;
+    gpumem__route *r = realloc(ctx->routes, cap * sizeof *r);
+    if (r == NULL) {
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
+      goto out;
+    }
+    ctx->routes = r;
+    ctx->route_cap = cap;
+  }
+  if (n == 0) {
+    /* the first route: every thread cache gives its blocks back and lets go of this context,
+     * and none serves it until the last route ends */
+    ctx->tc_saved = ctx->tc_on;
+    if (ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
+    ctx->tc_on = 0;
+  }
+  int cst = GPUMEM_CAPTURE_NONE;
+  uint64_t id = 0;
+  if (gpumem__be_stream_capture(ctx, gp->device, stream, &cst, &id) != GPUMEM_OK || cst != GPUMEM_CAPTURE_ACTIVE) id = 0;
+  ctx->routes[n].gp = gp;
+  ctx->routes[n].stream = stream;
+  ctx->routes[n].capture_id = id;
+  gp->nroutes++;
+  atomic_store_explicit(&ctx->nroutes, n + 1, memory_order_release);
+out:
+  gpumem__mutex_unlock(&ctx->lock);
+  return st;
+}
+
+gpumem_status gpumem_graph_pool_end(gpumem_graph_pool *gp, gpumem_stream stream) {
+  if (gp == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem_context *ctx = gp->ctx;
+  gpumem_status st = GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem__mutex_lock(&ctx->lock);
+  int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
+  for (int i = 0; i < n; i++) {
+    if (ctx->routes[i].gp != gp || ctx->routes[i].stream != stream) continue;
+    ctx->routes[i] = ctx->routes[n - 1];
+    gp->nroutes--;
+    atomic_store_explicit(&ctx->nroutes, n - 1, memory_order_release);
+    if (n == 1) ctx->tc_on = ctx->tc_saved;
+    st = GPUMEM_OK;
+    break;
+  }
+  gpumem__mutex_unlock(&ctx->lock);
+  return st;
+}
+
+gpumem_graph_pool *gpumem__graph_route(gpumem_context *ctx, int device, gpumem_stream stream) {
+  gpumem_graph_pool *found = NULL;
+  gpumem__mutex_lock(&ctx->lock);
+  int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
+  for (int i = 0; i < n && found == NULL; i++)
+    if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == device) found = ctx->routes[i].gp;
+  if (found == NULL && n > 0 && gpumem__be_has_capture(ctx)) {
+    /* a stream forked into a routed stream's capture (an event waited on in it) allocates for that graph */
+    int cst = GPUMEM_CAPTURE_NONE;
+    uint64_t id = 0;
+    if (gpumem__be_stream_capture(ctx, device, stream, &cst, &id) == GPUMEM_OK && cst == GPUMEM_CAPTURE_ACTIVE && id != 0) {
+      for (int i = 0; i < n && found == NULL; i++) {
+        gpumem__route *r = &ctx->routes[i];
+        if (r->gp->device != device) continue;
+        if (r->capture_id == 0) { /* routed before its capture began: look now */
+          int rs = GPUMEM_CAPTURE_NONE;
+          uint64_t rid = 0;
+          if (gpumem__be_stream_capture(ctx, device, r->stream, &rs, &rid) == GPUMEM_OK && rs == GPUMEM_CAPTURE_ACTIVE)
+            r->capture_id = rid;
+        }
+        if (r->capture_id == id) found = r->gp;
+      }
+    }
+  }
+  gpumem__mutex_unlock(&ctx->lock);
+  return found;
+}
+
+/* Unlinks and destroys gp (caller holds ctx->lock; no capture under way). */
+static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp) {
+  for (gpumem_graph_pool **pp = &ctx->graphs; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == gp) {
+      *pp = gp->next;
+      break;
+    }
+  gpumem__pool_destroy(gp->pool);
+  free(gp);
+}
+
+static uint64_t pool_live(gpumem__pool *p) {
+  gpumem_stats st;
+  gpumem__pool_get_stats(p, &st);
+  return st.num_live;
+}
+
+gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
+  if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem_context *ctx = gp->ctx;
+  gpumem_status st = GPUMEM_OK;
+  gpumem__mutex_lock(&ctx->lock);
+  if (gp->nroutes > 0) {
+    st = GPUMEM_ERR_INVALID_ARGUMENT;
+  } else {
+    gp->released = 1;
+    if (!gpumem__capturing(ctx)) {
+      if (pool_live(gp->pool) == 0) {
+        graph_destroy_locked(ctx, gp);
+      } else {
+        uint64_t rel = 0;
+        st = gpumem__pool_trim(gp->pool, 0, &rel); /* what is free now goes back; the rest when freed */
+      }
+    }
+  }
+  gpumem__mutex_unlock(&ctx->lock);
+  return st;
+}
+
+gpumem_status gpumem_graph_pool_get_stats(gpumem_graph_pool *gp, gpumem_stats *out) {
+  if (gp == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  size_t want = out->struct_size ? out->struct_size : sizeof *out;
+  if (want < offsetof(gpumem_stats, allocated_peak)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  gpumem_stats st;
+  gpumem__pool_get_stats(gp->pool, &st);
+  st.struct_size = (uint32_t)want;
+  memcpy(out, &st, want < sizeof st ? want : sizeof st);
+  return GPUMEM_OK;
+}
+
+void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg) {
+  gpumem__mutex_lock(&ctx->lock);
+  for (gpumem_graph_pool *gp = ctx->graphs; gp != NULL; gp = gp->next)
+    if (device < 0 || gp->device == device) fn(gp->pool, arg);
+  gpumem__mutex_unlock(&ctx->lock);
+}
+
+void gpumem__graph_collect(gpumem_context *ctx, int destroy_all) {
+  gpumem__mutex_lock(&ctx->lock);
+  if (destroy_all) {
+    while (ctx->graphs != NULL) graph_destroy_locked(ctx, ctx->graphs);
+    free(ctx->routes);
+    ctx->routes = NULL;
+    ctx->route_cap = 0;
+    atomic_store_explicit(&ctx->nroutes, 0, memory_order_relaxed);
+  } else if (!gpumem__capturing(ctx)) {
+    gpumem_graph_pool *gp = ctx->graphs;
+    while (gp != NULL) {
+      gpumem_graph_pool *n = gp->next;
+      if (gp->released) {
+        if (pool_live(gp->pool) == 0) {
+          graph_destroy_locked(ctx, gp);
+        } else {
+          uint64_t rel = 0;
+          (void)gpumem__pool_trim(gp->pool, 0, &rel);
+        }
+      }
+      gp = n;
+    }
+  }
+  gpumem__mutex_unlock(&ctx->lock);
+}

@@ -1,0 +1,268 @@
+/* Graph pools (src/graph.c; DESIGN.md "Graphs"): memory allocated while a
+ * stream is routed to a pool (its capture) lives in that pool, is never handed
+ * to work outside it while the pool may replay, frees during the capture
+ * return to it, trimming does not take it, and no library call invalidates
+ * the capture (the sim models CUDA's capture rules: a forbidden call
+ * invalidates it, gpumem_sim_stream_end_capture reports that). */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gpumem/sim.h"
+#include "testutil.h"
+
+#define SA ((gpumem_stream)(uintptr_t)0xA0)
+#define SB ((gpumem_stream)(uintptr_t)0xB0)
+
+static int overlaps(const void *p, size_t n, const void *q, size_t m) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return a < b + m && b < a + n;
+}
+
+static void capture_begin(gpumem_stream s) {
+  assert_status(gpumem_sim_stream_begin_capture(0, s, GPUMEM_SIM_CAPTURE_GLOBAL), GPUMEM_OK);
+}
+
+static void capture_end_intact(gpumem_stream s) {
+  int invalidated = -1;
+  assert_status(gpumem_sim_stream_end_capture(0, s, &invalidated), GPUMEM_OK);
+  assert_int_equal(invalidated, 0);
+}
+
+typedef struct {
+  gpumem_context *ctx;
+  gpumem_status st;
+} side_arg;
+
+/* Another thread, another stream, during the capture: allocations that grow the pool, frees,
+ * trims, statistics: none of it may invalidate a global-mode capture. */
+static void *side_thread(void *a) {
+  side_arg *sa = a;
+  sa->st = GPUMEM_OK;
+  for (int i = 0; i < 20 && sa->st == GPUMEM_OK; i++) {
+    void *p;
+    sa->st = gpumem_alloc(sa->ctx, 0, (size_t)(i + 1) << 20, SB, &p);
+    if (sa->st == GPUMEM_OK) sa->st = gpumem_free(sa->ctx, p, SB);
+    if (sa->st == GPUMEM_OK) sa->st = gpumem_trim(sa->ctx, 0, 0, NULL);
+    gpumem_stats st;
+    memset(&st, 0, sizeof st);
+    if (sa->st == GPUMEM_OK) sa->st = gpumem_get_stats(sa->ctx, 0, &st);
+  }
+  return NULL;
+}
+
+static void test_capture_allocates_in_pool(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  /* memory that exists before the capture, cached in the device pool and the thread cache */
+  void *before, *small;
+  assert_status(gpumem_alloc(ctx, 0, 8 << 20, SA, &before), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 10, SA, &small), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, small, SA), GPUMEM_OK);
+  void *early;
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &early), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, early, SA), GPUMEM_OK);
+
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_OK);
+  capture_begin(SA);
+  side_arg sa = {ctx, GPUMEM_ERR_INTERNAL};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, side_thread, &sa), 0);
+  void *g1, *g2, *g3;
+  assert_status(gpumem_alloc(ctx, 0, 64 << 10, SA, &g1), GPUMEM_OK); /* the thread cache's size */
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &g2), GPUMEM_OK);
+  assert_false(overlaps(g1, 64 << 10, small, 64 << 10)); /* not the cached block of before */
+  assert_false(overlaps(g2, 4 << 20, early, 4 << 20));
+  gpumem_stats gs;
+  memset(&gs, 0, sizeof gs);
+  assert_status(gpumem_graph_pool_get_stats(gp, &gs), GPUMEM_OK);
+  assert_int_equal(gs.num_live, 2);
+  /* a free during the capture returns to the pool: the next allocation of the graph reuses it */
+  assert_status(gpumem_free(ctx, g2, SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &g3), GPUMEM_OK);
+  assert_ptr_equal(g3, g2);
+  /* memory of before, freed inside the capture: no event on the capturing stream */
+  assert_status(gpumem_free(ctx, before, SA), GPUMEM_OK);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_status(sa.st, GPUMEM_OK);
+  capture_end_intact(SA);
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_OK);
+
+  /* the graph may replay: nothing outside the pool gets its memory, trims do not take it */
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  memset(&gs, 0, sizeof gs);
+  assert_status(gpumem_graph_pool_get_stats(gp, &gs), GPUMEM_OK);
+  assert_int_equal(gs.num_live, 2);
+  assert_true(gs.reserved_bytes >= (4u << 20) + (64u << 10));
+  gpumem_stats dev = tu_stats(ctx, 0); /* device figures include the graph pool's */
+  assert_true(dev.reserved_bytes >= gs.reserved_bytes);
+  assert_true(dev.num_live >= 2);
+  for (int i = 0; i < 16; i++) {
+    void *q;
+    size_t n = (size_t)(i % 4 + 1) << 20;
+    assert_status(gpumem_alloc(ctx, 0, n, SA, &q), GPUMEM_OK);
+    assert_false(overlaps(q, n, g1, 64 << 10));
+    assert_false(overlaps(q, n, g3, 4 << 20));
+    assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+  }
+  /* the graph is destroyed: the pool is released; its blocks go back as they are freed */
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, g1, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, g3, SA), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  dev = tu_stats(ctx, 0);
+  assert_int_equal(dev.num_live, 0);
+  tu_ctx_done(ctx);
+}
+
+/* Allocations on a stream joined to the routed stream's capture go to the same pool. */
+static void test_forked_stream_follows_capture(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  capture_begin(SA);
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_OK);
+  /* the sim has no event waits: a second routed stream of the same pool stands for the fork */
+  assert_status(gpumem_graph_pool_begin(gp, SB), GPUMEM_OK);
+  void *a, *b;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SB, &b), GPUMEM_OK);
+  gpumem_stats gs;
+  memset(&gs, 0, sizeof gs);
+  assert_status(gpumem_graph_pool_get_stats(gp, &gs), GPUMEM_OK);
+  assert_int_equal(gs.num_live, 2);
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, SB), GPUMEM_OK);
+  capture_end_intact(SA);
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_end(gp, SB), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK); /* all free: given back now */
+  tu_ctx_done(ctx);
+}
+
+/* Explicit allocation from a pool (PyTorch's filter-based routing), outside any capture too. */
+static void test_explicit_alloc(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  void *p, *z = (void *)1;
+  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 0, SA, &z), GPUMEM_OK);
+  assert_null(z);
+  size_t sz = 0;
+  int dev = -1;
+  assert_status(gpumem_ptr_info(ctx, p, &sz, &dev), GPUMEM_OK);
+  assert_int_equal(sz, 3 << 20);
+  assert_int_equal(dev, 0);
+  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+/* A pool still holding live blocks at destroy: a leak (BUSY), and FORCE frees it. */
+static void test_destroy_with_live_graph_block(void **state) {
+  (void)state;
+  gpumem_context *ctx;
+  gpumem_config cfg;
+  tu_config(&cfg);
+  assert_status(gpumem_create(&cfg, &ctx), GPUMEM_OK);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  void *p;
+  assert_status(gpumem_graph_pool_alloc(gp, 1 << 20, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_destroy(ctx, 0), GPUMEM_ERR_BUSY);
+  assert_status(gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE), GPUMEM_OK);
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp = NULL, *other = NULL;
+  void *p = (void *)0x1234;
+  assert_status(gpumem_graph_pool_create(NULL, 0, &gp), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_create(ctx, 0, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_create(ctx, 99, &gp), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_graph_pool_create(ctx, -1, &gp), GPUMEM_ERR_INVALID_DEVICE);
+  assert_null(gp);
+  assert_status(gpumem_graph_pool_begin(NULL, SA), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_end(NULL, SA), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_alloc(NULL, 16, SA, &p), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_ptr_equal(p, (void *)0x1234);
+  assert_status(gpumem_graph_pool_release(NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_get_stats(NULL, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_create(ctx, 0, &other), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 16, SA, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_ERR_INVALID_ARGUMENT); /* not routed */
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_ERR_INVALID_ARGUMENT);    /* twice */
+  assert_status(gpumem_graph_pool_begin(other, SA), GPUMEM_ERR_INVALID_ARGUMENT); /* to another pool */
+  assert_status(gpumem_graph_pool_end(other, SA), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_ERR_INVALID_ARGUMENT);      /* still routed */
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_OK);
+  gpumem_stats s;
+  s.struct_size = 4; /* too small */
+  assert_status(gpumem_graph_pool_get_stats(gp, &s), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(other), GPUMEM_OK);
+  /* limits and the largest free block */
+  uint64_t lim = 7, big = 7;
+  assert_status(gpumem_set_limit(NULL, 0, 1), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_set_limit(ctx, 99, 1), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_get_limit(ctx, 0, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_get_limit(ctx, 99, &lim), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_largest_free_block(ctx, 0, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_largest_free_block(ctx, 99, &big), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(lim, 7);
+  assert_int_equal(big, 7);
+  tu_ctx_done(ctx);
+}
+
+/* gpumem_set_limit: the cap of PyTorch's set_per_process_memory_fraction. */
+static void test_set_limit(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  uint64_t lim = 1;
+  assert_status(gpumem_get_limit(ctx, 0, &lim), GPUMEM_OK);
+  assert_int_equal(lim, 0);
+  void *p, *q;
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &q), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+  uint64_t big = 0;
+  assert_status(gpumem_largest_free_block(ctx, 0, &big), GPUMEM_OK);
+  assert_true(big >= (64u << 20));
+  assert_status(gpumem_set_limit(ctx, 0, 100 << 20), GPUMEM_OK);
+  assert_status(gpumem_get_limit(ctx, 0, &lim), GPUMEM_OK);
+  assert_int_equal(lim, 100 << 20);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_true(st.reserved_bytes <= (100u << 20)); /* the cached 64 MiB above the cap went back */
+  void *r = (void *)0x99;
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &r), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(r, (void *)0x99);
+  assert_status(gpumem_set_limit(ctx, 0, 0), GPUMEM_OK); /* no cap */
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &r), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, r, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_capture_allocates_in_pool, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_forked_stream_follows_capture, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_explicit_alloc, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_set_limit, tu_setup, tu_teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
