@@ -148,6 +148,7 @@ static void test_forked_stream_follows_capture(void **state) {
 /* Explicit allocation from a pool (PyTorch's filter-based routing), outside any capture too. */
 static void test_explicit_alloc(void **state) {
   (void)state;
+  TU_REQUIRE_SIM(); /* its streams are the sim's made-up handles */
   gpumem_context *ctx = tu_ctx_new(NULL);
   gpumem_graph_pool *gp;
   assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
@@ -177,13 +178,14 @@ static void test_destroy_with_live_graph_block(void **state) {
   gpumem_graph_pool *gp;
   assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
   void *p;
-  assert_status(gpumem_graph_pool_alloc(gp, 1 << 20, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 1 << 20, NULL, &p), GPUMEM_OK);
   assert_status(gpumem_destroy(ctx, 0), GPUMEM_ERR_BUSY);
   assert_status(gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE), GPUMEM_OK);
 }
 
 static void test_bad_input(void **state) {
   (void)state;
+  TU_REQUIRE_SIM(); /* made-up stream handles */
   gpumem_context *ctx = tu_ctx_new(NULL);
   gpumem_graph_pool *gp = NULL, *other = NULL;
   void *p = (void *)0x1234;
@@ -234,9 +236,9 @@ static void test_set_limit(void **state) {
   assert_status(gpumem_get_limit(ctx, 0, &lim), GPUMEM_OK);
   assert_int_equal(lim, 0);
   void *p, *q;
-  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &p), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &q), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, NULL, &q), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, q, NULL), GPUMEM_OK);
   uint64_t big = 0;
   assert_status(gpumem_largest_free_block(ctx, 0, &big), GPUMEM_OK);
   assert_true(big >= (64u << 20));
@@ -246,12 +248,12 @@ static void test_set_limit(void **state) {
   gpumem_stats st = tu_stats(ctx, 0);
   assert_true(st.reserved_bytes <= (100u << 20)); /* the cached 64 MiB above the cap went back */
   void *r = (void *)0x99;
-  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &r), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, NULL, &r), GPUMEM_ERR_LIMIT_EXCEEDED);
   assert_ptr_equal(r, (void *)0x99);
   assert_status(gpumem_set_limit(ctx, 0, 0), GPUMEM_OK); /* no cap */
-  assert_status(gpumem_alloc(ctx, 0, 64 << 20, SA, &r), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, r, SA), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 20, NULL, &r), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, r, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
   tu_ctx_done(ctx);
 }
 

@@ -66,7 +66,7 @@ def shim_extension():
         "gpumem._gpumem_torch",
         [SHIM],
         include_dirs=incs,
-        extra_compile_args=["-O2", "-std=c++17", '-DGPUMEM_TORCH_SHIM_HASH="%s"' % h.hexdigest()],
+        extra_compile_args=["-O2", "-std=c++17", '-DGPUMEM_TORCH_SHIM_HASH=h%s' % h.hexdigest()],
         extra_link_args=ldflags,
     )
     return ext, cpp_extension.BuildExtension

@@ -148,7 +148,7 @@ def build_flags(torch: Any, include_dir: str, digest: str) -> "tuple[List[str], 
     """(include dirs, extra cflags, extra ldflags) for compiling and linking the shim."""
     lib = os.path.realpath(capi.library_path)
     cuda_inc, cuda_ld = _cuda_include_and_lib(torch)
-    cflags = ["-O2", "-std=c++17", '-DGPUMEM_TORCH_SHIM_HASH="%s"' % digest]
+    cflags = ["-O2", "-std=c++17", '-DGPUMEM_TORCH_SHIM_HASH=h%s' % digest]  # an identifier: no quotes through ninja's shell
     ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib)] + cuda_ld
     return [include_dir] + cuda_inc, cflags, ldflags
 

@@ -38,8 +38,10 @@
 
 #include "gpumem.h"
 
+/* The build passes the source hash as an identifier (h<hex>): a string would lose its quotes on
+ * the way through ninja's command line. */
 #ifndef GPUMEM_TORCH_SHIM_HASH
-#define GPUMEM_TORCH_SHIM_HASH "unknown"
+#define GPUMEM_TORCH_SHIM_HASH hunknown
 #endif
 
 namespace gpumem_torch {
@@ -722,6 +724,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("allocator_name", [] { return c10::cuda::CUDACachingAllocator::name(); },
         "name() of PyTorch's current CUDA allocator");
   m.def("context_handle", &gpumem_torch::context_handle, "The gpumem_context* the shim allocates from, as an int");
-  m.attr("SHIM_HASH") = GPUMEM_TORCH_SHIM_HASH;
+#define GPUMEM_TORCH_STR_(x) #x
+#define GPUMEM_TORCH_STR(x) GPUMEM_TORCH_STR_(x)
+  m.attr("SHIM_HASH") = std::string(GPUMEM_TORCH_STR(GPUMEM_TORCH_SHIM_HASH)).substr(1);
   m.attr("TORCH_VERSION") = TORCH_VERSION;
 }
