@@ -2,6 +2,7 @@
  * reset, statistics. Pools are created lazily, one per device, on the first
  * allocation on that device: no call touches a device the caller did not name. */
 #include "tcache.h"
+#include "stats_fields.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -406,24 +407,11 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
 
 #define GPUMEM__STATS_MIN (offsetof(gpumem_stats, allocated_bytes) + sizeof(uint64_t))
 
+/* Every field adds up over devices (a peak to an upper bound of the context's peak: stats_fields.h). */
 static void stats_add(gpumem_stats *a, const gpumem_stats *b) {
-  a->allocated_bytes += b->allocated_bytes;
-  a->allocated_peak += b->allocated_peak;
-  a->reserved_bytes += b->reserved_bytes;
-  a->reserved_peak += b->reserved_peak;
-  a->cached_bytes += b->cached_bytes;
-  a->num_allocs += b->num_allocs;
-  a->num_frees += b->num_frees;
-  a->num_live += b->num_live;
-  a->num_segments += b->num_segments;
-  a->num_backend_allocs += b->num_backend_allocs;
-  a->num_backend_frees += b->num_backend_frees;
-  a->num_trims += b->num_trims;
-  a->trimmed_bytes += b->trimmed_bytes;
-  a->num_oom_retries += b->num_oom_retries;
-  a->num_ooms += b->num_ooms;
-  a->requested_bytes += b->requested_bytes;
-  a->num_limit_exceeded += b->num_limit_exceeded;
+#define GPUMEM__STATS_ADD_(name, kind, help) a->name += b->name;
+  GPUMEM__STATS_FIELDS(GPUMEM__STATS_ADD_)
+#undef GPUMEM__STATS_ADD_
 }
 
 gpumem_status gpumem_get_stats(gpumem_context *ctx, int device, gpumem_stats *out) {
