@@ -173,8 +173,6 @@ void gpumem__backend_close(gpumem_context *ctx) {
   ctx->be_open = 0;
 }
 
-int gpumem__be_has_events(const gpumem_context *ctx) { return ctx->has_events; }
-
 int gpumem__be_has_device_reset(const gpumem_context *ctx) {
   return ctx->be.version >= 1 && ctx->be.device_reset != NULL;
 }
@@ -242,11 +240,6 @@ gpumem_status gpumem__be_event_query(gpumem_context *ctx, int dev, gpumem_event 
 gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_event ev) {
   if (!ctx->has_events) return GPUMEM_ERR_NOT_SUPPORTED;
   GPUMEM__CALL(ctx, "event_synchronize", dev, ctx->be.event_synchronize(&ctx->be, dev, ev));
-}
-
-gpumem_status gpumem__be_stream_synchronize(gpumem_context *ctx, int dev, gpumem_stream s) {
-  if (ctx->be.stream_synchronize == NULL) return gpumem__be_device_synchronize(ctx, dev);
-  GPUMEM__CALL(ctx, "stream_synchronize", dev, ctx->be.stream_synchronize(&ctx->be, dev, s));
 }
 
 gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev) {

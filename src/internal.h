@@ -141,7 +141,6 @@ void gpumem__set_last_backend_error(const gpumem_context *ctx, int code, const c
 gpumem_status gpumem__backend_open(gpumem_context *ctx);
 /** Shut the backend down (once). */
 void gpumem__backend_close(gpumem_context *ctx);
-int gpumem__be_has_events(const gpumem_context *ctx);
 int gpumem__be_has_device_reset(const gpumem_context *ctx);
 
 gpumem_status gpumem__be_device_count(gpumem_context *ctx, int *count);
@@ -154,7 +153,6 @@ gpumem_status gpumem__be_event_destroy(gpumem_context *ctx, int dev, gpumem_even
 gpumem_status gpumem__be_event_record(gpumem_context *ctx, int dev, gpumem_event ev, gpumem_stream s);
 gpumem_status gpumem__be_event_query(gpumem_context *ctx, int dev, gpumem_event ev, int *complete);
 gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_event ev);
-gpumem_status gpumem__be_stream_synchronize(gpumem_context *ctx, int dev, gpumem_stream s);
 gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev);
 gpumem_status gpumem__be_device_reset(gpumem_context *ctx, int dev);
 /** 1 when the backend has both version-2 annotation methods (after its init). */
@@ -348,8 +346,6 @@ int gpumem__ptrmap_init(gpumem__ptrmap *m);
 void gpumem__ptrmap_destroy(gpumem__ptrmap *m);
 /** Insert; 0 on success, -1 on host out-of-memory (nothing changed). */
 int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool);
-/** Reserve room for one more insert in key's shard (so a later insert cannot fail). */
-int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
 /** Find the pool of key; returns NULL when absent. */
 gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
 /** Remove key when it maps to pool and its block is live (any = 1: or in a thread cache); returns the block or NULL. */

@@ -65,15 +65,6 @@ static int grow(gpumem__ptrmap_shard *s) {
 /* keep load <= 1/2 */
 static inline int need_grow(const gpumem__ptrmap_shard *s) { return (s->count + 1) * 2 > s->cap; }
 
-int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
-  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, gpumem__ptrmap_hash(key));
-  gpumem__ptrmap_lock(s);
-  int rc = 0;
-  if (need_grow(s)) rc = grow(s);
-  gpumem__ptrmap_unlock(s);
-  return rc;
-}
-
 int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool) {
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
