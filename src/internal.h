@@ -3,6 +3,7 @@
  *
  * Layers (each file only calls down):
  *   context.c / scope.c / torch.c   public entry points
+ *   global.c                        the process-wide context (torch.c, the Python binding)
  *   pool.c                          per-device pool: segments, blocks, free indexes, streams, trimming
  *   ptrmap.c                        context-wide pointer index (validates every free)
  *   backend.c                       registry, selection, and the ONLY caller of the vtable
@@ -385,6 +386,12 @@ struct gpumem_context {
   gpumem__mutex trace_lock;     /* guards trace and the trace file */
   struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
 };
+
+/* ---------------------------------------------------------------------- */
+/* global.c: the process-wide context (gpumem_global_context)              */
+
+/** The process-wide context, or NULL when it was never created (creates nothing). Thread-safe. */
+gpumem_context *gpumem__global_context_if_created(void);
 
 /* ---------------------------------------------------------------------- */
 /* context.c: gpumem_alloc past the inlined thread-cache hit (pool creation, the cache's full path, monitoring);
