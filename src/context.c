@@ -21,47 +21,22 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   ctx->opt = opt;
   /* per-thread caches: not with a release threshold (it counts every free block) */
   ctx->tc_on = opt.release_threshold == GPUMEM_UNLIMITED;
-  if (gpumem__mutex_init(&ctx->lock) != 0) {
-    free(ctx);
-    return GPUMEM_ERR_OUT_OF_MEMORY;
-  }
-  if (gpumem__ptrmap_init(&ctx->map) != 0) {
-    gpumem__mutex_destroy(&ctx->lock);
-    free(ctx);
-    return GPUMEM_ERR_OUT_OF_MEMORY;
-  }
+  /* each step that fails goes to the label that undoes the steps before it, in reverse order */
+  st = GPUMEM_ERR_OUT_OF_MEMORY;
+  if (gpumem__mutex_init(&ctx->lock) != 0) goto fail_ctx;
+  if (gpumem__ptrmap_init(&ctx->map) != 0) goto fail_lock;
   st = gpumem__backend_open(ctx);
   ctx->fork_gen = gpumem__fork_init(); /* after the backend's own atfork handlers: ours run first at fork */
-  if (st == GPUMEM_OK) {
-    ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
-    ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
-    ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
-    if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
-      free(ctx->pools);
-      free(ctx->devinfo);
-      free(ctx->devinfo_ok);
-      ctx->pools = NULL;
-      ctx->devinfo = NULL;
-      ctx->devinfo_ok = NULL;
-      gpumem__backend_close(ctx);
-      st = GPUMEM_ERR_OUT_OF_MEMORY;
-    }
+  if (st != GPUMEM_OK) goto fail_map;
+  ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
+  ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
+  ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
+  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
+    st = GPUMEM_ERR_OUT_OF_MEMORY;
+    goto fail_backend;
   }
-  if (st == GPUMEM_OK) {
-    st = gpumem__monitor_init(ctx); /* annotations, GPUMEM_TRACE */
-    if (st != GPUMEM_OK) {
-      free(ctx->pools);
-      free(ctx->devinfo);
-      free(ctx->devinfo_ok);
-      gpumem__backend_close(ctx);
-    }
-  }
-  if (st != GPUMEM_OK) {
-    gpumem__ptrmap_destroy(&ctx->map);
-    gpumem__mutex_destroy(&ctx->lock);
-    free(ctx);
-    return st;
-  }
+  st = gpumem__monitor_init(ctx); /* annotations, GPUMEM_TRACE; cleans up after itself on failure */
+  if (st != GPUMEM_OK) goto fail_backend;
   for (int i = 0; i < ctx->ndev; i++) {
     atomic_init(&ctx->pools[i], NULL);
     atomic_init(&ctx->devinfo_ok[i], 0);
@@ -69,6 +44,19 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
   *out = ctx;
   return GPUMEM_OK;
+
+fail_backend:
+  free(ctx->pools);
+  free(ctx->devinfo);
+  free(ctx->devinfo_ok);
+  gpumem__backend_close(ctx);
+fail_map:
+  gpumem__ptrmap_destroy(&ctx->map);
+fail_lock:
+  gpumem__mutex_destroy(&ctx->lock);
+fail_ctx:
+  free(ctx);
+  return st;
 }
 
 static inline gpumem__pool *pool_get(gpumem_context *ctx, int dev) {
