@@ -6,8 +6,9 @@
  *   global.c                        the process-wide context (torch.c, the Python binding)
  *   pool.c                          per-device pool: segments, blocks, free indexes, streams, trimming
  *   ptrmap.c                        context-wide pointer index (validates every free)
- *   backend.c                       registry, selection, and the ONLY caller of the vtable
- *   options.c  log.c  status.c      configuration, logging, status strings, last backend error
+ *   backend.c                       registry, selection, the ONLY caller of the vtable, last backend error
+ *   options.c  log.c  status.c      configuration, logging, status strings
+ *   fork.c  sync.c                  fork detection and the atfork handlers (fork.h), the mutex (sync.h)
  *
  * Nothing here is public; every name starts with gpumem__.
  */
@@ -43,14 +44,8 @@
 #  define GPUMEM__NOIPA
 #endif
 
-/* ---------------------------------------------------------------------- */
-/* Mutex (thin wrapper so a different primitive can be swapped in).       */
-
-typedef pthread_mutex_t gpumem__mutex;
-int gpumem__mutex_init(gpumem__mutex *m);
-void gpumem__mutex_destroy(gpumem__mutex *m);
-#define gpumem__mutex_lock(m) ((void)pthread_mutex_lock(m))
-#define gpumem__mutex_unlock(m) ((void)pthread_mutex_unlock(m))
+#include "fork.h" /* fork.c: fork detection (GPUMEM__FORKED) */
+#include "sync.h" /* sync.c: the mutex */
 
 /* ---------------------------------------------------------------------- */
 /* log.c                                                                   */
@@ -116,24 +111,6 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg, gpumem__options 
 
 /** Parse a byte count ("64MiB", "1.5G", "4096"); allow_inf: accept unlimited/inf (-> UINT64_MAX). 0 on success. */
 int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out);
-
-/* ---------------------------------------------------------------------- */
-/* status.c: fork detection                                                 */
-
-/** Incremented in the child of every fork() (pthread_atfork, registered at the first gpumem_create). */
-extern _Atomic unsigned gpumem__fork_gen;
-/** Register the atfork handler once; returns the current generation. */
-unsigned gpumem__fork_init(void);
-/** True when ctx was created in the parent of this (forked) process: it must not be used here. */
-#define GPUMEM__FORKED(ctx) \
-  GPUMEM__UNLIKELY((ctx)->fork_gen != atomic_load_explicit(&gpumem__fork_gen, memory_order_relaxed))
-/** Status (and a WARN log line) for a call on a context inherited through fork(). */
-gpumem_status gpumem__forked_status(gpumem_context *ctx, const char *fn);
-
-/* ---------------------------------------------------------------------- */
-/* status.c: last backend error (thread-local)                             */
-
-void gpumem__set_last_backend_error(const gpumem_context *ctx, int code, const char *msg);
 
 /* ---------------------------------------------------------------------- */
 /* backend.c: the only caller of the vtable                                */
