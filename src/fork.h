@@ -1,4 +1,5 @@
-/* fork.h: fork detection (fork.c). A context belongs to the process that created it. */
+/* fork.h: fork detection and the core's atfork handlers (fork.c). A context belongs to the
+ * process that created it. */
 #ifndef GPUMEM_FORK_H
 #define GPUMEM_FORK_H
 
@@ -13,6 +14,9 @@ unsigned gpumem__fork_init(void);
 /** True when ctx was created in the parent of this (forked) process: it must not be used here. */
 #define GPUMEM__FORKED(ctx) \
   GPUMEM__UNLIKELY((ctx)->fork_gen != atomic_load_explicit(&gpumem__fork_gen, memory_order_relaxed))
+/** Register the thread caches' atfork handlers once (tcache.c, before its first cache); 0 on success,
+ *  -1 when they could not be registered (then the caches must stay off). */
+int gpumem__fork_init_caches(void);
 /** Status (and a WARN log line) for a call on a context inherited through fork(). */
 gpumem_status gpumem__forked_status(gpumem_context *ctx, const char *fn);
 

@@ -395,6 +395,11 @@ void gpumem__tc_flush_locked(gpumem_context *ctx, gpumem__pool *p);
 void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *one);
 /** With every cache locked: reset the peaks of p to the exact current values. */
 void gpumem__tc_reset_peaks(gpumem_context *ctx, gpumem__pool *p);
+/** The caches' atfork handlers (registered by fork.c): prepare takes g_reg and every cache lock, parent gives them
+ *  back, child forgets the parent's caches (keeps the calling thread's, emptied) and gives g_reg back. */
+void gpumem__tc_fork_prepare(void);
+void gpumem__tc_fork_parent(void);
+void gpumem__tc_fork_child(void);
 
 /* ---------------------------------------------------------------------- */
 /* trace.c: monitoring hooks, called by the entry points when ctx->mon != 0 */
