@@ -337,7 +337,9 @@ gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gpumem_stream
 gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device) {
   if (ctx == NULL || ptr == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
-  if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, size, device) != 0) return GPUMEM_ERR_INVALID_POINTER;
+  gpumem__pool *p = NULL;
+  if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, size, &p) != 0) return GPUMEM_ERR_INVALID_POINTER;
+  if (device != NULL) *device = gpumem__pool_device(p); /* fixed for the pool's life, the context's */
   return GPUMEM_OK;
 }
 

@@ -1,4 +1,5 @@
-/* ptrmap.c: the context-wide pointer index. Every live block is here, keyed
+/* ptrmap.c: the context-wide pointer index (ptrmap.h), pure look-ups: it reads
+ * the blocks it points to and calls nothing above it. Every live block is here, keyed
  * by its address; gpumem_free() validates its pointer against it, so a
  * foreign, interior or already-freed pointer is rejected without changing
  * anything. 64 shards, each an open-addressing table (linear probing,
@@ -157,7 +158,7 @@ void gpumem__ptrmap_erase_locked(gpumem__ptrmap_shard *s, gpumem__ptrmap_entry *
   (void)remove_at(s, (size_t)(e - s->slots));
 }
 
-int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
+int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, gpumem__pool **pool) {
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
@@ -167,11 +168,11 @@ int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int
     return -1;
   }
   /* the block is live while its entry exists, and entries only go away under this lock */
-  size_t r = gpumem__block_requested(s->slots[i].block);
-  int d = gpumem__pool_device_of(s->slots[i].pool);
+  size_t r = s->slots[i].block->requested;
+  gpumem__pool *p = s->slots[i].pool;
   gpumem__ptrmap_unlock(s);
   if (requested != NULL) *requested = r;
-  if (device != NULL) *device = d;
+  if (pool != NULL) *pool = p;
   return 0;
 }
 

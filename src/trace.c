@@ -379,8 +379,9 @@ static void trace_free_locked(struct gpumem__trace *t, void *ptr) {
 gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   size_t req = 0;
-  int dev = 0;
-  int annotated = (mon & GPUMEM__MON_ANNOTATE) && gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &dev) == 0;
+  gpumem__pool *pool = NULL;
+  int annotated = (mon & GPUMEM__MON_ANNOTATE) && gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &pool) == 0;
+  int dev = annotated ? gpumem__pool_device(pool) : 0;
   /* The free, its annotation and its trace line happen under the monitor
    * lock, and so do an allocation's: the next owner of the address is
    * announced and recorded only after this free was. A free that fails
