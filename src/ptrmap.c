@@ -51,12 +51,7 @@ static int grow(gpumem__ptrmap_shard *s) {
   size_t ncap = s->cap ? s->cap * 2 : 64;
   gpumem__ptrmap_entry *ns = calloc(ncap, sizeof *ns);
   if (ns == NULL) return -1;
-  for (size_t i = 0; i < s->cap; i++) {
-    if (s->slots[i].key == 0) continue;
-    size_t j = (size_t)(gpumem__ptrmap_hash(s->slots[i].key) >> 6) & (ncap - 1);
-    while (ns[j].key != 0) j = (j + 1) & (ncap - 1);
-    ns[j] = s->slots[i];
-  }
+  gpumem__ht_rehash(ns, ncap - 1, s->slots, s->cap, sizeof *ns, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
   free(s->slots);
   s->slots = ns;
   s->cap = ncap;
@@ -74,8 +69,8 @@ int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gp
     gpumem__ptrmap_unlock(s);
     return -1;
   }
-  size_t i = gpumem__ptrmap_home(s, h);
-  while (s->slots[i].key != 0 && s->slots[i].key != key) i = (i + 1) & (s->cap - 1);
+  size_t i = gpumem__ht_slot_for(s->slots, sizeof *s->slots, s->cap - 1, gpumem__ptrmap_home(s, h), key,
+                                 gpumem__ptrmap_entry_key);
   if (s->slots[i].key == 0) s->count++;
   s->slots[i].key = key;
   s->slots[i].block = b;
@@ -134,22 +129,7 @@ gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__p
 
 static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
   gpumem__block *b = s->slots[i].block;
-  /* backward-shift deletion */
-  size_t mask = s->cap - 1;
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (s->slots[j].key == 0) break;
-    size_t k = gpumem__ptrmap_home(s, gpumem__ptrmap_hash(s->slots[j].key));
-    /* move j into i if k is not cyclically in (i, j] */
-    if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
-      s->slots[i] = s->slots[j];
-      i = j;
-    }
-  }
-  s->slots[i].key = 0;
-  s->slots[i].block = NULL;
-  s->slots[i].pool = NULL;
+  gpumem__ht_delete(s->slots, sizeof *s->slots, s->cap - 1, i, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
   s->count--;
   return b;
 }

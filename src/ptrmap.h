@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hashtab.h"
+
 typedef struct gpumem__pool gpumem__pool;
 typedef struct gpumem__block gpumem__block;
 
@@ -61,16 +63,17 @@ static inline void gpumem__ptrmap_unlock(gpumem__ptrmap_shard *s) {
 static inline size_t gpumem__ptrmap_home(const gpumem__ptrmap_shard *s, uint64_t h) {
   return (size_t)(h >> 6) & (s->cap - 1);
 }
+/* The table's two functions for hashtab.h: an entry's key (0 = empty) and a key's home slot. */
+static inline uintptr_t gpumem__ptrmap_entry_key(const void *e) { return ((const gpumem__ptrmap_entry *)e)->key; }
+static inline size_t gpumem__ptrmap_key_home(uintptr_t key, size_t mask) {
+  return (size_t)(gpumem__ptrmap_hash(key) >> 6) & mask;
+}
 /* key's entry in s or NULL; shard lock held. */
 static inline gpumem__ptrmap_entry *gpumem__ptrmap_find(gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
   if (GPUMEM__UNLIKELY(s->cap == 0)) return NULL;
-  size_t mask = s->cap - 1, i = (size_t)(h >> 6) & mask;
-  for (;;) {
-    gpumem__ptrmap_entry *e = &s->slots[i];
-    if (GPUMEM__LIKELY(e->key == key)) return e;
-    if (e->key == 0) return NULL;
-    i = (i + 1) & mask;
-  }
+  size_t mask = s->cap - 1;
+  size_t i = gpumem__ht_find(s->slots, sizeof *s->slots, mask, (size_t)(h >> 6) & mask, key, gpumem__ptrmap_entry_key);
+  return GPUMEM__LIKELY(i != SIZE_MAX) ? &s->slots[i] : NULL;
 }
 
 int gpumem__ptrmap_init(gpumem__ptrmap *m);
