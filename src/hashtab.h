@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -79,6 +80,15 @@ static inline void gpumem__ht_rehash(void *nslots, size_t mask, const void *oslo
     size_t j = gpumem__ht_slot_for(nslots, esize, mask, homef(k, mask), k, keyf);
     memcpy(GPUMEM__HT_SLOT(nslots, esize, j), s, esize);
   }
+}
+
+/** A new array of ncap slots (a power of two) holding the occupied slots of old (ocap slots), or NULL on host
+ *  out-of-memory. The caller frees old and keeps the new one. */
+static inline void *gpumem__ht_grown(const void *old, size_t ocap, size_t ncap, size_t esize, gpumem__ht_key_fn keyf,
+                                     gpumem__ht_home_fn homef) {
+  void *ns = calloc(ncap, esize);
+  if (ns != NULL) gpumem__ht_rehash(ns, ncap - 1, old, ocap, esize, keyf, homef);
+  return ns;
 }
 
 #endif /* GPUMEM_HASHTAB_H */

@@ -49,9 +49,9 @@ void gpumem__ptrmap_destroy(gpumem__ptrmap *m) {
 
 static int grow(gpumem__ptrmap_shard *s) {
   size_t ncap = s->cap ? s->cap * 2 : 64;
-  gpumem__ptrmap_entry *ns = calloc(ncap, sizeof *ns);
+  gpumem__ptrmap_entry *ns =
+      gpumem__ht_grown(s->slots, s->cap, ncap, sizeof *ns, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
   if (ns == NULL) return -1;
-  gpumem__ht_rehash(ns, ncap - 1, s->slots, s->cap, sizeof *ns, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
   free(s->slots);
   s->slots = ns;
   s->cap = ncap;

@@ -61,9 +61,8 @@ static uintptr_t slot_key(const void *slot) { return ((const trace_slot *)slot)-
 
 static int map_grow(struct gpumem__trace *t) {
   size_t ncap = t->cap ? t->cap * 2 : 1024;
-  trace_slot *ns = calloc(ncap, sizeof *ns);
+  trace_slot *ns = gpumem__ht_grown(t->slots, t->cap, ncap, sizeof *ns, slot_key, slot_hash);
   if (ns == NULL) return -1;
-  gpumem__ht_rehash(ns, ncap - 1, t->slots, t->cap, sizeof *ns, slot_key, slot_hash);
   free(t->slots);
   t->slots = ns;
   t->cap = ncap;
