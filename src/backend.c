@@ -43,11 +43,39 @@ static const char *code_string(const gpumem_backend *be, int code) {
   return m != NULL ? m : "(no message)";
 }
 
+/* ---------------------------------------------------------------------- */
+/* Last backend error (gpumem_last_backend_error): one record per thread,  */
+/* the last failed call's code and message and the context it happened on. */
+static _Thread_local struct {
+  const gpumem_context *ctx;
+  int code;
+  const char *msg;
+} gpumem__last_error;
+
+static void set_last_backend_error(const gpumem_context *ctx, int code, const char *msg) {
+  gpumem__last_error.ctx = ctx;
+  gpumem__last_error.code = code;
+  gpumem__last_error.msg = msg;
+}
+
+gpumem_status gpumem_last_backend_error(gpumem_context *ctx, int *code, const char **msg) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  int c = 0;
+  const char *m = "";
+  if (gpumem__last_error.ctx == ctx) {
+    c = gpumem__last_error.code;
+    m = gpumem__last_error.msg != NULL ? gpumem__last_error.msg : "";
+  }
+  if (code != NULL) *code = c;
+  if (msg != NULL) *msg = m;
+  return GPUMEM_OK;
+}
+
 /* Record and log a failed call; returns the mapped status. */
 static gpumem_status fail(gpumem_context *ctx, const char *what, int dev, int code) {
   gpumem_status st = map_code(&ctx->be, code);
   const char *msg = code_string(&ctx->be, code);
-  gpumem__set_last_backend_error(ctx, code, msg);
+  set_last_backend_error(ctx, code, msg);
   /* out-of-memory is handled by the pool (trim and retry), so it is only a debug line here */
   gpumem__log(&ctx->opt.log, st == GPUMEM_ERR_OUT_OF_MEMORY ? GPUMEM_LOG_DEBUG : GPUMEM_LOG_ERROR,
               "backend %s: %s (device %d) failed: %s (code %d, %s)", ctx->be_name, what, dev, msg, code,
@@ -113,7 +141,7 @@ static gpumem_status try_open(gpumem_context *ctx, const gpumem_backend *src, in
     if (code != 0) {
       gpumem_status st = map_code(&ctx->be, code);
       const char *msg = code_string(&ctx->be, code);
-      gpumem__set_last_backend_error(ctx, code, msg);
+      set_last_backend_error(ctx, code, msg);
       if (st == GPUMEM_ERR_INVALID_ARGUMENT) {
         gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "backend %s: bad configuration: %s (code %d)", ctx->be_name, msg,
                     code);
@@ -129,7 +157,7 @@ static gpumem_status try_open(gpumem_context *ctx, const gpumem_backend *src, in
   int code = ctx->be.device_count(&ctx->be, &count);
   if (code != 0 || count <= 0) {
     if (code != 0) {
-      gpumem__set_last_backend_error(ctx, code, code_string(&ctx->be, code));
+      set_last_backend_error(ctx, code, code_string(&ctx->be, code));
     }
     gpumem__log(&ctx->opt.log, explicit_choice ? GPUMEM_LOG_WARN : GPUMEM_LOG_DEBUG,
                 "backend %s: no device (%s)", ctx->be_name, code != 0 ? code_string(&ctx->be, code) : "count is 0");
@@ -172,8 +200,6 @@ void gpumem__backend_close(gpumem_context *ctx) {
   if (ctx->be_open && ctx->be.shutdown != NULL) ctx->be.shutdown(&ctx->be);
   ctx->be_open = 0;
 }
-
-int gpumem__be_has_events(const gpumem_context *ctx) { return ctx->has_events; }
 
 int gpumem__be_has_device_reset(const gpumem_context *ctx) {
   return ctx->be.version >= 1 && ctx->be.device_reset != NULL;
@@ -242,11 +268,6 @@ gpumem_status gpumem__be_event_query(gpumem_context *ctx, int dev, gpumem_event 
 gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_event ev) {
   if (!ctx->has_events) return GPUMEM_ERR_NOT_SUPPORTED;
   GPUMEM__CALL(ctx, "event_synchronize", dev, ctx->be.event_synchronize(&ctx->be, dev, ev));
-}
-
-gpumem_status gpumem__be_stream_synchronize(gpumem_context *ctx, int dev, gpumem_stream s) {
-  if (ctx->be.stream_synchronize == NULL) return gpumem__be_device_synchronize(ctx, dev);
-  GPUMEM__CALL(ctx, "stream_synchronize", dev, ctx->be.stream_synchronize(&ctx->be, dev, s));
 }
 
 gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev) {

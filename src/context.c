@@ -2,6 +2,7 @@
  * reset, statistics. Pools are created lazily, one per device, on the first
  * allocation on that device: no call touches a device the caller did not name. */
 #include "tcache.h"
+#include "stats_fields.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,47 +21,22 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   ctx->opt = opt;
   /* per-thread caches: not with a release threshold (it counts every free block) */
   ctx->tc_on = opt.release_threshold == GPUMEM_UNLIMITED;
-  if (gpumem__mutex_init(&ctx->lock) != 0) {
-    free(ctx);
-    return GPUMEM_ERR_OUT_OF_MEMORY;
-  }
-  if (gpumem__ptrmap_init(&ctx->map) != 0) {
-    gpumem__mutex_destroy(&ctx->lock);
-    free(ctx);
-    return GPUMEM_ERR_OUT_OF_MEMORY;
-  }
+  /* each step that fails goes to the label that undoes the steps before it, in reverse order */
+  st = GPUMEM_ERR_OUT_OF_MEMORY;
+  if (gpumem__mutex_init(&ctx->lock) != 0) goto fail_ctx;
+  if (gpumem__ptrmap_init(&ctx->map) != 0) goto fail_lock;
   st = gpumem__backend_open(ctx);
   ctx->fork_gen = gpumem__fork_init(); /* after the backend's own atfork handlers: ours run first at fork */
-  if (st == GPUMEM_OK) {
-    ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
-    ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
-    ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
-    if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
-      free(ctx->pools);
-      free(ctx->devinfo);
-      free(ctx->devinfo_ok);
-      ctx->pools = NULL;
-      ctx->devinfo = NULL;
-      ctx->devinfo_ok = NULL;
-      gpumem__backend_close(ctx);
-      st = GPUMEM_ERR_OUT_OF_MEMORY;
-    }
+  if (st != GPUMEM_OK) goto fail_map;
+  ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
+  ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
+  ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
+  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
+    st = GPUMEM_ERR_OUT_OF_MEMORY;
+    goto fail_backend;
   }
-  if (st == GPUMEM_OK) {
-    st = gpumem__monitor_init(ctx); /* annotations, GPUMEM_TRACE */
-    if (st != GPUMEM_OK) {
-      free(ctx->pools);
-      free(ctx->devinfo);
-      free(ctx->devinfo_ok);
-      gpumem__backend_close(ctx);
-    }
-  }
-  if (st != GPUMEM_OK) {
-    gpumem__ptrmap_destroy(&ctx->map);
-    gpumem__mutex_destroy(&ctx->lock);
-    free(ctx);
-    return st;
-  }
+  st = gpumem__monitor_init(ctx); /* annotations, GPUMEM_TRACE; cleans up after itself on failure */
+  if (st != GPUMEM_OK) goto fail_backend;
   for (int i = 0; i < ctx->ndev; i++) {
     atomic_init(&ctx->pools[i], NULL);
     atomic_init(&ctx->devinfo_ok[i], 0);
@@ -68,6 +44,19 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
   *out = ctx;
   return GPUMEM_OK;
+
+fail_backend:
+  free(ctx->pools);
+  free(ctx->devinfo);
+  free(ctx->devinfo_ok);
+  gpumem__backend_close(ctx);
+fail_map:
+  gpumem__ptrmap_destroy(&ctx->map);
+fail_lock:
+  gpumem__mutex_destroy(&ctx->lock);
+fail_ctx:
+  free(ctx);
+  return st;
 }
 
 static inline gpumem__pool *pool_get(gpumem_context *ctx, int dev) {
@@ -367,7 +356,9 @@ gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gpumem_stream
 gpumem_status gpumem_ptr_info(gpumem_context *ctx, const void *ptr, size_t *size, int *device) {
   if (ctx == NULL || ptr == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
-  if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, size, device) != 0) return GPUMEM_ERR_INVALID_POINTER;
+  gpumem__pool *p = NULL;
+  if (gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, size, &p) != 0) return GPUMEM_ERR_INVALID_POINTER;
+  if (device != NULL) *device = gpumem__pool_device(p); /* fixed for the pool's life, the context's */
   return GPUMEM_OK;
 }
 
@@ -479,24 +470,11 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
 
 #define GPUMEM__STATS_MIN (offsetof(gpumem_stats, allocated_bytes) + sizeof(uint64_t))
 
+/* Every field adds up over devices (a peak to an upper bound of the context's peak: stats_fields.h). */
 static void stats_add(gpumem_stats *a, const gpumem_stats *b) {
-  a->allocated_bytes += b->allocated_bytes;
-  a->allocated_peak += b->allocated_peak;
-  a->reserved_bytes += b->reserved_bytes;
-  a->reserved_peak += b->reserved_peak;
-  a->cached_bytes += b->cached_bytes;
-  a->num_allocs += b->num_allocs;
-  a->num_frees += b->num_frees;
-  a->num_live += b->num_live;
-  a->num_segments += b->num_segments;
-  a->num_backend_allocs += b->num_backend_allocs;
-  a->num_backend_frees += b->num_backend_frees;
-  a->num_trims += b->num_trims;
-  a->trimmed_bytes += b->trimmed_bytes;
-  a->num_oom_retries += b->num_oom_retries;
-  a->num_ooms += b->num_ooms;
-  a->requested_bytes += b->requested_bytes;
-  a->num_limit_exceeded += b->num_limit_exceeded;
+#define GPUMEM__STATS_ADD_(name, kind, help) a->name += b->name;
+  GPUMEM__STATS_FIELDS(GPUMEM__STATS_ADD_)
+#undef GPUMEM__STATS_ADD_
 }
 
 static void graph_stats_add(gpumem__pool *p, void *arg) {

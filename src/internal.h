@@ -3,10 +3,12 @@
  *
  * Layers (each file only calls down):
  *   context.c / scope.c / torch.c   public entry points
+ *   global.c                        the process-wide context (torch.c, the Python binding)
  *   pool.c                          per-device pool: segments, blocks, free indexes, streams, trimming
- *   ptrmap.c                        context-wide pointer index (validates every free)
- *   backend.c                       registry, selection, and the ONLY caller of the vtable
- *   options.c  log.c  status.c      configuration, logging, status strings, last backend error
+ *   ptrmap.c                        context-wide pointer index (validates every free), pure look-ups (ptrmap.h)
+ *   backend.c                       registry, selection, the ONLY caller of the vtable, last backend error
+ *   options.c  log.c  status.c      configuration, logging, status strings
+ *   fork.c  sync.c                  fork detection and the atfork handlers (fork.h), the mutex (sync.h)
  *
  * Nothing here is public; every name starts with gpumem__.
  */
@@ -42,14 +44,8 @@
 #  define GPUMEM__NOIPA
 #endif
 
-/* ---------------------------------------------------------------------- */
-/* Mutex (thin wrapper so a different primitive can be swapped in).       */
-
-typedef pthread_mutex_t gpumem__mutex;
-int gpumem__mutex_init(gpumem__mutex *m);
-void gpumem__mutex_destroy(gpumem__mutex *m);
-#define gpumem__mutex_lock(m) ((void)pthread_mutex_lock(m))
-#define gpumem__mutex_unlock(m) ((void)pthread_mutex_unlock(m))
+#include "fork.h" /* fork.c: fork detection (GPUMEM__FORKED) */
+#include "sync.h" /* sync.c: the mutex */
 
 /* ---------------------------------------------------------------------- */
 /* log.c                                                                   */
@@ -117,31 +113,12 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg, gpumem__options 
 int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out);
 
 /* ---------------------------------------------------------------------- */
-/* status.c: fork detection                                                 */
-
-/** Incremented in the child of every fork() (pthread_atfork, registered at the first gpumem_create). */
-extern _Atomic unsigned gpumem__fork_gen;
-/** Register the atfork handler once; returns the current generation. */
-unsigned gpumem__fork_init(void);
-/** True when ctx was created in the parent of this (forked) process: it must not be used here. */
-#define GPUMEM__FORKED(ctx) \
-  GPUMEM__UNLIKELY((ctx)->fork_gen != atomic_load_explicit(&gpumem__fork_gen, memory_order_relaxed))
-/** Status (and a WARN log line) for a call on a context inherited through fork(). */
-gpumem_status gpumem__forked_status(gpumem_context *ctx, const char *fn);
-
-/* ---------------------------------------------------------------------- */
-/* status.c: last backend error (thread-local)                             */
-
-void gpumem__set_last_backend_error(const gpumem_context *ctx, int code, const char *msg);
-
-/* ---------------------------------------------------------------------- */
 /* backend.c: the only caller of the vtable                                */
 
 /** Select and initialise the backend (auto/name/custom) into ctx->be. */
 gpumem_status gpumem__backend_open(gpumem_context *ctx);
 /** Shut the backend down (once). */
 void gpumem__backend_close(gpumem_context *ctx);
-int gpumem__be_has_events(const gpumem_context *ctx);
 int gpumem__be_has_device_reset(const gpumem_context *ctx);
 
 gpumem_status gpumem__be_device_count(gpumem_context *ctx, int *count);
@@ -154,7 +131,6 @@ gpumem_status gpumem__be_event_destroy(gpumem_context *ctx, int dev, gpumem_even
 gpumem_status gpumem__be_event_record(gpumem_context *ctx, int dev, gpumem_event ev, gpumem_stream s);
 gpumem_status gpumem__be_event_query(gpumem_context *ctx, int dev, gpumem_event ev, int *complete);
 gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_event ev);
-gpumem_status gpumem__be_stream_synchronize(gpumem_context *ctx, int dev, gpumem_stream s);
 gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev);
 gpumem_status gpumem__be_device_reset(gpumem_context *ctx, int dev);
 /** 1 when the backend has both version-2 annotation methods (after its init). */
@@ -284,87 +260,9 @@ void gpumem__pool_live(gpumem__pool *pool, uint64_t *count, uint64_t *bytes, gpu
 gpumem_status gpumem__pool_check(gpumem__pool *pool, uint64_t *live_count);
 
 /* ---------------------------------------------------------------------- */
-/* ptrmap.c: sharded open-addressing hash, pointer -> (block, pool)         */
+/* ptrmap.c: the pointer index (ptrmap.h)                                   */
 
-#define GPUMEM__PTRMAP_SHARDS 64
-
-typedef struct gpumem__ptrmap_entry {
-  uintptr_t key;          /* 0 = empty */
-  gpumem__block *block;
-  gpumem__pool *pool;
-} gpumem__ptrmap_entry;
-
-typedef struct gpumem__ptrmap_shard {
-  atomic_int lock;        /* spinlock (ptrmap.c) */
-  size_t cap;             /* power of two, or 0 */
-  size_t count;
-  gpumem__ptrmap_entry *slots;
-  char pad_[64];
-} gpumem__ptrmap_shard;
-
-typedef struct gpumem__ptrmap {
-  gpumem__ptrmap_shard shards[GPUMEM__PTRMAP_SHARDS];
-} gpumem__ptrmap;
-
-/* The look-up pieces, inline for the hot paths (tcache.h); ptrmap.c uses them too. */
-static inline uint64_t gpumem__ptrmap_hash(uintptr_t key) {
-  uint64_t x = (uint64_t)key >> 8; /* pointers are 256-aligned */
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 32;
-  return x;
-}
-/* The shard of hash h: the low bits (gpumem__ptrmap_home uses the high ones). */
-static inline gpumem__ptrmap_shard *gpumem__ptrmap_shard_of(gpumem__ptrmap *m, uint64_t h) {
-  return &m->shards[h & (GPUMEM__PTRMAP_SHARDS - 1)];
-}
-void gpumem__ptrmap_lock_slow(gpumem__ptrmap_shard *s);
-/* Shard lock: a spinlock (exchange to take, release-store to give back, yield
- * after a few spins); held only for a probe, never across another lock. */
-static inline void gpumem__ptrmap_lock(gpumem__ptrmap_shard *s) {
-  if (GPUMEM__LIKELY(atomic_exchange_explicit(&s->lock, 1, memory_order_acquire) == 0)) return;
-  gpumem__ptrmap_lock_slow(s);
-}
-static inline void gpumem__ptrmap_unlock(gpumem__ptrmap_shard *s) {
-  atomic_store_explicit(&s->lock, 0, memory_order_release);
-}
-/* Slot position within the shard: the high bits (the low bits chose the shard). */
-static inline size_t gpumem__ptrmap_home(const gpumem__ptrmap_shard *s, uint64_t h) {
-  return (size_t)(h >> 6) & (s->cap - 1);
-}
-/* key's entry in s or NULL; shard lock held. */
-static inline gpumem__ptrmap_entry *gpumem__ptrmap_find(gpumem__ptrmap_shard *s, uintptr_t key, uint64_t h) {
-  if (GPUMEM__UNLIKELY(s->cap == 0)) return NULL;
-  size_t mask = s->cap - 1, i = (size_t)(h >> 6) & mask;
-  for (;;) {
-    gpumem__ptrmap_entry *e = &s->slots[i];
-    if (GPUMEM__LIKELY(e->key == key)) return e;
-    if (e->key == 0) return NULL;
-    i = (i + 1) & mask;
-  }
-}
-
-int gpumem__ptrmap_init(gpumem__ptrmap *m);
-void gpumem__ptrmap_destroy(gpumem__ptrmap *m);
-/** Insert; 0 on success, -1 on host out-of-memory (nothing changed). */
-int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool);
-/** Reserve room for one more insert in key's shard (so a later insert cannot fail). */
-int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key);
-/** Find the pool of key; returns NULL when absent. */
-gpumem__pool *gpumem__ptrmap_pool(gpumem__ptrmap *m, uintptr_t key);
-/** Remove key when it maps to pool and its block is live (any = 1: or in a thread cache); returns the block or NULL. */
-gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__pool *pool, int any);
-/** Remove entry e of shard s (found with gpumem__ptrmap_find; shard lock held). The block's state is the caller's. */
-void gpumem__ptrmap_erase_locked(gpumem__ptrmap_shard *s, gpumem__ptrmap_entry *e);
-/** Look key up and copy out the requested size and device of its live block. 0 if found. */
-int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device);
-/** 1 if key maps to exactly (block, pool). */
-int gpumem__ptrmap_contains(gpumem__ptrmap *m, uintptr_t key, const gpumem__block *b, const gpumem__pool *pool);
-/** Number of entries mapping to pool. */
-size_t gpumem__ptrmap_count_pool(gpumem__ptrmap *m, const gpumem__pool *pool);
-/** Accessors pool.c needs for ptrmap_info. */
-size_t gpumem__block_requested(const gpumem__block *b);
-int gpumem__pool_device_of(const gpumem__pool *pool);
+#include "ptrmap.h"
 
 /* ---------------------------------------------------------------------- */
 /* context.c                                                               */
@@ -417,6 +315,12 @@ uint64_t gpumem__pool_get_limit(gpumem__pool *p);
 uint64_t gpumem__pool_largest_free(gpumem__pool *p);
 
 /* ---------------------------------------------------------------------- */
+/* global.c: the process-wide context (gpumem_global_context)              */
+
+/** The process-wide context, or NULL when it was never created (creates nothing). Thread-safe. */
+gpumem_context *gpumem__global_context_if_created(void);
+
+/* ---------------------------------------------------------------------- */
 /* context.c: gpumem_alloc past the inlined thread-cache hit (pool creation, the cache's full path, monitoring);
  * looked: the calling thread's cache was searched for this call already (see gpumem__tc_alloc) */
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
@@ -441,6 +345,11 @@ void gpumem__tc_flush_locked(gpumem_context *ctx, gpumem__pool *p);
 void gpumem__tc_pool_stats(gpumem_context *ctx, gpumem__pool *p, gpumem_stats *one);
 /** With every cache locked: reset the peaks of p to the exact current values. */
 void gpumem__tc_reset_peaks(gpumem_context *ctx, gpumem__pool *p);
+/** The caches' atfork handlers (registered by fork.c): prepare takes g_reg and every cache lock, parent gives them
+ *  back, child forgets the parent's caches (keeps the calling thread's, emptied) and gives g_reg back. */
+void gpumem__tc_fork_prepare(void);
+void gpumem__tc_fork_parent(void);
+void gpumem__tc_fork_child(void);
 
 /* ---------------------------------------------------------------------- */
 /* trace.c: monitoring hooks, called by the entry points when ctx->mon != 0 */

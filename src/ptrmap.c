@@ -1,4 +1,5 @@
-/* ptrmap.c: the context-wide pointer index. Every live block is here, keyed
+/* ptrmap.c: the context-wide pointer index (ptrmap.h), pure look-ups: it reads
+ * the blocks it points to and calls nothing above it. Every live block is here, keyed
  * by its address; gpumem_free() validates its pointer against it, so a
  * foreign, interior or already-freed pointer is rejected without changing
  * anything. 64 shards, each an open-addressing table (linear probing,
@@ -48,14 +49,9 @@ void gpumem__ptrmap_destroy(gpumem__ptrmap *m) {
 
 static int grow(gpumem__ptrmap_shard *s) {
   size_t ncap = s->cap ? s->cap * 2 : 64;
-  gpumem__ptrmap_entry *ns = calloc(ncap, sizeof *ns);
+  gpumem__ptrmap_entry *ns =
+      gpumem__ht_grown(s->slots, s->cap, ncap, sizeof *ns, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
   if (ns == NULL) return -1;
-  for (size_t i = 0; i < s->cap; i++) {
-    if (s->slots[i].key == 0) continue;
-    size_t j = (size_t)(gpumem__ptrmap_hash(s->slots[i].key) >> 6) & (ncap - 1);
-    while (ns[j].key != 0) j = (j + 1) & (ncap - 1);
-    ns[j] = s->slots[i];
-  }
   free(s->slots);
   s->slots = ns;
   s->cap = ncap;
@@ -65,15 +61,6 @@ static int grow(gpumem__ptrmap_shard *s) {
 /* keep load <= 1/2 */
 static inline int need_grow(const gpumem__ptrmap_shard *s) { return (s->count + 1) * 2 > s->cap; }
 
-int gpumem__ptrmap_reserve(gpumem__ptrmap *m, uintptr_t key) {
-  gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, gpumem__ptrmap_hash(key));
-  gpumem__ptrmap_lock(s);
-  int rc = 0;
-  if (need_grow(s)) rc = grow(s);
-  gpumem__ptrmap_unlock(s);
-  return rc;
-}
-
 int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gpumem__pool *pool) {
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
@@ -82,8 +69,8 @@ int gpumem__ptrmap_insert(gpumem__ptrmap *m, uintptr_t key, gpumem__block *b, gp
     gpumem__ptrmap_unlock(s);
     return -1;
   }
-  size_t i = gpumem__ptrmap_home(s, h);
-  while (s->slots[i].key != 0 && s->slots[i].key != key) i = (i + 1) & (s->cap - 1);
+  size_t i = gpumem__ht_slot_for(s->slots, sizeof *s->slots, s->cap - 1, gpumem__ptrmap_home(s, h), key,
+                                 gpumem__ptrmap_entry_key);
   if (s->slots[i].key == 0) s->count++;
   s->slots[i].key = key;
   s->slots[i].block = b;
@@ -142,22 +129,7 @@ gpumem__block *gpumem__ptrmap_remove(gpumem__ptrmap *m, uintptr_t key, gpumem__p
 
 static gpumem__block *remove_at(gpumem__ptrmap_shard *s, size_t i) {
   gpumem__block *b = s->slots[i].block;
-  /* backward-shift deletion */
-  size_t mask = s->cap - 1;
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (s->slots[j].key == 0) break;
-    size_t k = gpumem__ptrmap_home(s, gpumem__ptrmap_hash(s->slots[j].key));
-    /* move j into i if k is not cyclically in (i, j] */
-    if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
-      s->slots[i] = s->slots[j];
-      i = j;
-    }
-  }
-  s->slots[i].key = 0;
-  s->slots[i].block = NULL;
-  s->slots[i].pool = NULL;
+  gpumem__ht_delete(s->slots, sizeof *s->slots, s->cap - 1, i, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
   s->count--;
   return b;
 }
@@ -166,7 +138,7 @@ void gpumem__ptrmap_erase_locked(gpumem__ptrmap_shard *s, gpumem__ptrmap_entry *
   (void)remove_at(s, (size_t)(e - s->slots));
 }
 
-int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int *device) {
+int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, gpumem__pool **pool) {
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(m, h);
   gpumem__ptrmap_lock(s);
@@ -176,11 +148,11 @@ int gpumem__ptrmap_info(gpumem__ptrmap *m, uintptr_t key, size_t *requested, int
     return -1;
   }
   /* the block is live while its entry exists, and entries only go away under this lock */
-  size_t r = gpumem__block_requested(s->slots[i].block);
-  int d = gpumem__pool_device_of(s->slots[i].pool);
+  size_t r = s->slots[i].block->requested;
+  gpumem__pool *p = s->slots[i].pool;
   gpumem__ptrmap_unlock(s);
   if (requested != NULL) *requested = r;
-  if (device != NULL) *device = d;
+  if (pool != NULL) *pool = p;
   return 0;
 }
 

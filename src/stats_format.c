@@ -1,11 +1,12 @@
 /* stats_format.c: gpumem_stats_format(): the statistics as JSON or in the
  * Prometheus text exposition format (version 0.0.4).
  *
- * One table below names every field once: its JSON key (the gpumem_stats
- * member name), whether it is a gauge (a current value or a peak) or a
- * counter (cumulative since creation: Prometheus name + "_total"), and its
- * help line. */
+ * The fields, their kinds and help lines come from the one list in
+ * stats_fields.h: the JSON key is the gpumem_stats member name; a counter
+ * (cumulative since creation) gets the Prometheus name + "_total", a gauge
+ * or a peak is a Prometheus gauge. */
 #include "internal.h"
+#include "stats_fields.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,30 +15,12 @@
 typedef struct field_desc {
   const char *name; /* gpumem_stats member = JSON key = Prometheus name without "gpumem_" / "_total" */
   size_t off;
-  int counter;      /* 1: cumulative (Prometheus counter, "_total"); 0: gauge */
+  int counter;      /* 1: cumulative (Prometheus counter, "_total"); 0: gauge (a current value or a peak) */
   const char *help;
 } field_desc;
 
-#define F(name, counter, help) {#name, offsetof(gpumem_stats, name), counter, help}
-static const field_desc k_fields[] = {
-    F(allocated_bytes, 0, "Bytes in live blocks (block sizes, i.e. rounded request sizes)."),
-    F(allocated_peak, 0, "Peak of allocated_bytes since creation or the last peak reset."),
-    F(reserved_bytes, 0, "Bytes held from the backend."),
-    F(reserved_peak, 0, "Peak of reserved_bytes since creation or the last peak reset."),
-    F(cached_bytes, 0, "Reserved bytes not in live blocks (reserved - allocated)."),
-    F(num_allocs, 1, "Successful allocations (size > 0)."),
-    F(num_frees, 1, "Successful frees of non-NULL pointers."),
-    F(num_live, 0, "Live allocations."),
-    F(num_segments, 0, "Segments currently held from the backend."),
-    F(num_backend_allocs, 1, "Successful backend allocations."),
-    F(num_backend_frees, 1, "Backend frees."),
-    F(num_trims, 1, "Trim operations that released memory."),
-    F(trimmed_bytes, 1, "Bytes given back by trims."),
-    F(num_oom_retries, 1, "Retries after a backend out-of-memory."),
-    F(num_ooms, 1, "Allocations that failed with out-of-memory."),
-    F(requested_bytes, 0, "Bytes asked for by live allocations (unrounded)."),
-    F(num_limit_exceeded, 1, "Allocations refused by limit_bytes / limit_fraction."),
-};
+#define F(name, kind, help) {#name, offsetof(gpumem_stats, name), GPUMEM__STAT_##kind == GPUMEM__STAT_COUNTER, help},
+static const field_desc k_fields[] = {GPUMEM__STATS_FIELDS(F)};
 #undef F
 #define NFIELDS (sizeof k_fields / sizeof k_fields[0])
 

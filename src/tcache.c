@@ -247,12 +247,12 @@ static void tc_destructor(void *arg) {
   free(c);
 }
 
-/* fork: the child must not find the list or a cache locked by a thread that
- * does not exist there. The caches of the parent's threads hold blocks of
- * the parent's contexts, which the child cannot use: forgotten there. */
-static void fork_prepare(void) { gpumem__tc_lock_all(); }
-static void fork_parent(void) { gpumem__tc_unlock_all(); }
-static void fork_child(void) {
+/* fork (registered by fork.c): the child must not find the list or a cache locked by a thread
+ * that does not exist there. The caches of the parent's threads hold blocks of the parent's
+ * contexts, which the child cannot use: forgotten there. */
+void gpumem__tc_fork_prepare(void) { gpumem__tc_lock_all(); }
+void gpumem__tc_fork_parent(void) { gpumem__tc_unlock_all(); }
+void gpumem__tc_fork_child(void) {
   atomic_store_explicit(&gpumem__tc_none.busy, 0, memory_order_relaxed); /* a thread of the parent may have held it */
   gpumem__tc *c = g_list;
   g_list = NULL;
@@ -267,13 +267,13 @@ static void fork_child(void) {
     }
     c = n;
   }
-  pthread_mutex_unlock(&g_reg); /* taken by fork_prepare in this thread */
+  pthread_mutex_unlock(&g_reg); /* taken by gpumem__tc_fork_prepare in this thread */
 }
 
 static void key_init(void) {
   gpumem__tc_asym = asym_init(); /* before the first cache: every cache is made with one protocol */
   g_key_ok = pthread_key_create(&g_key, tc_destructor) == 0;
-  if (g_key_ok && pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) {
+  if (g_key_ok && gpumem__fork_init_caches() != 0) {
     (void)pthread_key_delete(g_key);
     g_key_ok = 0;
   }

@@ -20,6 +20,7 @@
  *   f ID
  */
 #include "internal.h"
+#include "hashtab.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -56,16 +57,12 @@ static size_t slot_hash(uintptr_t k, size_t mask) {
   return (size_t)x & mask;
 }
 
+static uintptr_t slot_key(const void *slot) { return ((const trace_slot *)slot)->key; }
+
 static int map_grow(struct gpumem__trace *t) {
   size_t ncap = t->cap ? t->cap * 2 : 1024;
-  trace_slot *ns = calloc(ncap, sizeof *ns);
+  trace_slot *ns = gpumem__ht_grown(t->slots, t->cap, ncap, sizeof *ns, slot_key, slot_hash);
   if (ns == NULL) return -1;
-  for (size_t i = 0; i < t->cap; i++) {
-    if (t->slots[i].key == 0) continue;
-    size_t j = slot_hash(t->slots[i].key, ncap - 1);
-    while (ns[j].key != 0) j = (j + 1) & (ncap - 1);
-    ns[j] = t->slots[i];
-  }
   free(t->slots);
   t->slots = ns;
   t->cap = ncap;
@@ -75,8 +72,8 @@ static int map_grow(struct gpumem__trace *t) {
 /* Insert or overwrite; -1 on host out-of-memory. */
 static int map_put(struct gpumem__trace *t, uintptr_t key, uint64_t id, int device) {
   if ((t->count + 1) * 2 > t->cap && map_grow(t) != 0) return -1;
-  size_t mask = t->cap - 1, i = slot_hash(key, mask);
-  while (t->slots[i].key != 0 && t->slots[i].key != key) i = (i + 1) & mask;
+  size_t mask = t->cap - 1;
+  size_t i = gpumem__ht_slot_for(t->slots, sizeof *t->slots, mask, slot_hash(key, mask), key, slot_key);
   if (t->slots[i].key == 0) t->count++;
   t->slots[i].key = key;
   t->slots[i].id = id;
@@ -92,25 +89,11 @@ static int slot_cmp_id(const void *a, const void *b) {
 /* Remove key; returns 1 and its ID when present. */
 static int map_take(struct gpumem__trace *t, uintptr_t key, uint64_t *id) {
   if (t->cap == 0) return 0;
-  size_t mask = t->cap - 1, i = slot_hash(key, mask);
-  while (t->slots[i].key != key) {
-    if (t->slots[i].key == 0) return 0;
-    i = (i + 1) & mask;
-  }
+  size_t mask = t->cap - 1;
+  size_t i = gpumem__ht_find(t->slots, sizeof *t->slots, mask, slot_hash(key, mask), key, slot_key);
+  if (i == SIZE_MAX) return 0;
   *id = t->slots[i].id;
-  /* backward-shift deletion keeps every probe chain intact without tombstones */
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (t->slots[j].key == 0) break;
-    size_t home = slot_hash(t->slots[j].key, mask);
-    /* move j into the hole i unless its home lies cyclically in (i, j] */
-    if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
-      t->slots[i] = t->slots[j];
-      i = j;
-    }
-  }
-  t->slots[i].key = 0;
+  gpumem__ht_delete(t->slots, sizeof *t->slots, mask, i, slot_key, slot_hash);
   t->count--;
   return 1;
 }
@@ -379,8 +362,9 @@ static void trace_free_locked(struct gpumem__trace *t, void *ptr) {
 gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   size_t req = 0;
-  int dev = 0;
-  int annotated = (mon & GPUMEM__MON_ANNOTATE) && gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &dev) == 0;
+  gpumem__pool *pool = NULL;
+  int annotated = (mon & GPUMEM__MON_ANNOTATE) && gpumem__ptrmap_info(&ctx->map, (uintptr_t)ptr, &req, &pool) == 0;
+  int dev = annotated ? gpumem__pool_device(pool) : 0;
   /* The free, its annotation and its trace line happen under the monitor
    * lock, and so do an allocation's: the next owner of the address is
    * announced and recorded only after this free was. A free that fails

@@ -1,0 +1,94 @@
+/*
+ * hashtab.h: linear-probing open addressing over a caller's array, the pieces every table of
+ * the core shares (the pointer index ptrmap.c, the trace's live map trace.c).
+ *
+ * The caller owns the array (cap slots of esize bytes, cap a power of two, mask = cap - 1),
+ * its load (at most 1/2, so that a probe always meets an empty slot) and its growth. A slot is
+ * empty when its key is 0, and an all-zero slot is empty. Two functions describe the table:
+ *   key(slot)        the slot's key, 0 when empty
+ *   home(key, mask)  the slot the key's probe starts at
+ * Deletion is by backward shift, so probe chains stay intact without tombstones.
+ *
+ * Everything is static inline and the functions are passed as constants, so that each table
+ * compiles to its own loops (the pointer index's look-up is on the hot path).
+ */
+#ifndef GPUMEM_HASHTAB_H
+#define GPUMEM_HASHTAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define GPUMEM__HT_LIKELY(x) __builtin_expect(!!(x), 1)
+#else
+#  define GPUMEM__HT_LIKELY(x) (x)
+#endif
+
+typedef uintptr_t (*gpumem__ht_key_fn)(const void *slot);
+typedef size_t (*gpumem__ht_home_fn)(uintptr_t key, size_t mask);
+
+#define GPUMEM__HT_SLOT(slots, esize, i) ((char *)(slots) + (size_t)(i) * (esize))
+
+/** The slot holding key (not 0), probing from slot i (its home), or SIZE_MAX when absent. */
+static inline size_t gpumem__ht_find(const void *slots, size_t esize, size_t mask, size_t i, uintptr_t key,
+                                     gpumem__ht_key_fn keyf) {
+  for (;;) {
+    uintptr_t k = keyf((const char *)slots + i * esize);
+    if (GPUMEM__HT_LIKELY(k == key)) return i;
+    if (k == 0) return SIZE_MAX;
+    i = (i + 1) & mask;
+  }
+}
+
+/** The slot for key (not 0), probing from slot i (its home): the one holding it, else the empty one where it goes. */
+static inline size_t gpumem__ht_slot_for(const void *slots, size_t esize, size_t mask, size_t i, uintptr_t key,
+                                         gpumem__ht_key_fn keyf) {
+  for (;;) {
+    uintptr_t k = keyf((const char *)slots + i * esize);
+    if (k == 0 || k == key) return i;
+    i = (i + 1) & mask;
+  }
+}
+
+/** Empty slot i (occupied) by backward shift: each later slot of the chain whose home is not cyclically in
+ *  (hole, slot] moves into the hole; the last hole is zeroed. */
+static inline void gpumem__ht_delete(void *slots, size_t esize, size_t mask, size_t i, gpumem__ht_key_fn keyf,
+                                     gpumem__ht_home_fn homef) {
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & mask;
+    uintptr_t kj = keyf(GPUMEM__HT_SLOT(slots, esize, j));
+    if (kj == 0) break;
+    size_t k = homef(kj, mask);
+    if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+      memcpy(GPUMEM__HT_SLOT(slots, esize, i), GPUMEM__HT_SLOT(slots, esize, j), esize);
+      i = j;
+    }
+  }
+  memset(GPUMEM__HT_SLOT(slots, esize, i), 0, esize);
+}
+
+/** Move the occupied slots of an old array (ocap slots) into a new, all-zero one of mask + 1 slots. */
+static inline void gpumem__ht_rehash(void *nslots, size_t mask, const void *oslots, size_t ocap, size_t esize,
+                                     gpumem__ht_key_fn keyf, gpumem__ht_home_fn homef) {
+  for (size_t i = 0; i < ocap; i++) {
+    const void *s = (const char *)oslots + i * esize;
+    uintptr_t k = keyf(s);
+    if (k == 0) continue;
+    size_t j = gpumem__ht_slot_for(nslots, esize, mask, homef(k, mask), k, keyf);
+    memcpy(GPUMEM__HT_SLOT(nslots, esize, j), s, esize);
+  }
+}
+
+/** A new array of ncap slots (a power of two) holding the occupied slots of old (ocap slots), or NULL on host
+ *  out-of-memory. The caller frees old and keeps the new one. */
+static inline void *gpumem__ht_grown(const void *old, size_t ocap, size_t ncap, size_t esize, gpumem__ht_key_fn keyf,
+                                     gpumem__ht_home_fn homef) {
+  void *ns = calloc(ncap, esize);
+  if (ns != NULL) gpumem__ht_rehash(ns, ncap - 1, old, ocap, esize, keyf, homef);
+  return ns;
+}
+
+#endif /* GPUMEM_HASHTAB_H */
