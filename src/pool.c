@@ -8,8 +8,6 @@
 #include <string.h>
 
 int gpumem__pool_device(const gpumem__pool *pool) { return pool->device; }
-int gpumem__pool_device_of(const gpumem__pool *pool) { return pool->device; }
-size_t gpumem__block_requested(const gpumem__block *b) { return b->requested; }
 
 gpumem_status gpumem__seg_create(gpumem__pool *p, size_t size, int cls, gpumem__segment **out) {
   gpumem__segment *s = calloc(1, sizeof *s);
