@@ -167,6 +167,7 @@ static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp) {
       *pp = gp->next;
       break;
     }
+  if (ctx->tc_on) (void)gpumem__tc_flush(ctx, gp->pool, 1); /* no thread cache may remember its blocks */
   gpumem__pool_destroy(gp->pool);
   free(gp);
 }

@@ -311,6 +311,7 @@ void gpumem__graph_collect(gpumem_context *ctx, int destroy_all);
 gpumem_status gpumem__pool_create_graph(gpumem_context *ctx, int device, gpumem__pool **out);
 /** pool.c: the limit (settable), and the largest free block (expandable: idle mapped bytes count). */
 void gpumem__pool_set_limit(gpumem__pool *p, uint64_t limit);
+int gpumem__pool_is_graph(const gpumem__pool *p);
 uint64_t gpumem__pool_get_limit(gpumem__pool *p);
 uint64_t gpumem__pool_largest_free(gpumem__pool *p);
 

@@ -576,6 +576,8 @@ gpumem_status gpumem__pool_create_graph(gpumem_context *ctx, int device, gpumem_
   return pool_create_(ctx, device, 1, out);
 }
 
+int gpumem__pool_is_graph(const gpumem__pool *p) { return p->graph; }
+
 void gpumem__pool_set_limit(gpumem__pool *p, uint64_t limit) {
   gpumem__mutex_lock(&p->lock);
   p->limit = limit;

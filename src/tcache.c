@@ -473,7 +473,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   /* this thread owns b now; a reset takes every cache lock first, so it cannot drop b under us */
   gpumem__pool_free_block(p, b, stream);
   if (c->ctx == ctx && c->pool == p && c->stream == stream) c->misses = 0;
-  else tc_miss(c, ctx, p, stream);
+  else if (!gpumem__pool_is_graph(p)) tc_miss(c, ctx, p, stream); /* never keyed to a graph pool */
   gpumem__tc_unlock(c);
   return GPUMEM_OK;
 }
