@@ -58,7 +58,7 @@ def shim_extension():
         with open(f, "rb") as fh:
             h.update(fh.read())
     incs = [header_dir]
-    ldflags = [os.path.join("-L" + os.path.dirname(lib)), "-l:" + os.path.basename(lib), "-Wl,-rpath,$ORIGIN", "-lc10_cuda"]
+    ldflags = [os.path.join("-L" + os.path.dirname(lib)), "-l:" + os.path.basename(lib), "-Wl,-rpath,$ORIGIN", "-lc10_cuda", "-ltorch_cuda"]
     home = cpp_extension.CUDA_HOME
     if home and os.path.isdir(os.path.join(home, "include")):
         incs.append(os.path.join(home, "include"))

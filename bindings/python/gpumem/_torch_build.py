@@ -151,7 +151,7 @@ def build_flags(torch: Any, include_dir: str, digest: str) -> "tuple[List[str], 
     cflags = ["-O2", "-std=c++17", '-DGPUMEM_TORCH_SHIM_HASH=h%s' % digest]  # an identifier: no quotes through ninja's shell
     # c10_cuda holds the allocator the shim replaces (c10::cuda::CUDACachingAllocator::allocator)
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib), "-L" + torch_lib, "-lc10_cuda"] + cuda_ld
+    ldflags = [lib, "-Wl,-rpath," + os.path.dirname(lib), "-L" + torch_lib, "-lc10_cuda", "-ltorch_cuda"] + cuda_ld
     return [include_dir] + cuda_inc, cflags, ldflags
 
 
