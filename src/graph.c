@@ -68,7 +68,10 @@ gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *gp, size_t size, gpumem
     *out_ptr = NULL;
     return GPUMEM_OK;
   }
-  return gpumem__pool_alloc(gp->pool, size, stream, NULL, out_ptr, NULL);
+  gpumem_status st = gpumem__pool_alloc(gp->pool, size, stream, NULL, out_ptr, NULL);
+  /* announced like every allocation: the free through gpumem_free announces its end */
+  if (GPUMEM__MON_ON(gp->ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(gp->ctx, gp->device, *out_ptr, size, stream);
+  return st;
 }
 
 gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream stream) {
