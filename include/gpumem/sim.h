@@ -108,6 +108,8 @@ typedef enum gpumem_sim_capture_mode {
  * `GPUMEM_SIM_ERR_CAPTURE_*` code, what CUDA refuses (see the rules in sim.c
  * and cuda.c), invalidating the capture. The capture belongs to the calling
  * thread (for the global and thread-local rules).
+ * \param device a visible device ordinal.
+ * \param stream the stream to capture (not NULL).
  * \param mode a ::gpumem_sim_capture_mode.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL stream: the legacy
  *         stream cannot be captured; bad mode); ::GPUMEM_ERR_BUSY (the stream is
@@ -118,6 +120,8 @@ GPUMEM_API gpumem_status gpumem_sim_stream_begin_capture(int device, gpumem_stre
 
 /**
  * \brief End a stream's capture, as cudaStreamEndCapture.
+ * \param device a visible device ordinal.
+ * \param stream the capturing stream.
  * \param invalidated may be NULL; set to 1 when the capture had been
  *        invalidated (CUDA would return cudaErrorStreamCaptureInvalidated and no
  *        graph), else 0.
@@ -130,6 +134,8 @@ GPUMEM_API gpumem_status gpumem_sim_stream_end_capture(int device, gpumem_stream
 
 /**
  * \brief A stream's capture state, as the vtable's stream_capture() reports it.
+ * \param device a visible device ordinal.
+ * \param stream the stream asked about.
  * \param status  set to 0 (none), 1 (active) or 2 (invalidated): GPUMEM_CAPTURE_* of gpumem/backend.h.
  *                For the NULL stream: 1 while a stream of the device captures.
  * \param capture_id set to the capture's id (unique in the process), 0 with none.
@@ -153,6 +159,7 @@ GPUMEM_API gpumem_status gpumem_sim_thread_exchange_capture_mode(int *mode);
  *        mem_get_info, event create/destroy/query, vm_*) in relaxed mode, as
  *        the CUDA backend does. On by default; off models a backend that does
  *        not, so that tests can see what the relaxation prevents. Thread-safe.
+ * \param on 1: relaxed (default), 0: the caller's mode.
  */
 GPUMEM_API void gpumem_sim_set_capture_relax(int on);
 
