@@ -10,7 +10,8 @@
  * through the pointer index, as every free does.
  *
  * While any route exists a capture may be under way, and the rules of
- * capture hold for the whole context: the thread caches are off (their hits
+ * capture hold for the whole context: no thread cache is keyed to it (each
+ * route detaches them, and tcache.c keys none while routes exist: a hit
  * would hand out memory that work outside the graph reuses), frees record no
  * event on their stream, and no call synchronises the device or gives memory
  * back to it (gpumem__capturing; the backends make their other calls legal
@@ -96,13 +97,6 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
     ctx->routes = r;
     ctx->route_cap = cap;
   }
-  if (n == 0) {
-    /* the first route: every thread cache gives its blocks back and lets go of this context,
-     * and none serves it until the last route ends */
-    ctx->tc_saved = ctx->tc_on;
-    if (ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
-    ctx->tc_on = 0;
-  }
   int cst = GPUMEM_CAPTURE_NONE;
   uint64_t id = 0;
   if (gpumem__be_stream_capture(ctx, gp->device, stream, &cst, &id) != GPUMEM_OK || cst != GPUMEM_CAPTURE_ACTIVE) id = 0;
@@ -113,6 +107,9 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
   atomic_store_explicit(&ctx->nroutes, n + 1, memory_order_release);
 out:
   gpumem__mutex_unlock(&ctx->lock);
+  /* every thread cache gives its blocks back and lets go of the context; with the route counted
+   * first, none is keyed to it again until the last route ends (tcache.c) */
+  if (st == GPUMEM_OK && ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
   return st;
 }
 
@@ -127,7 +124,6 @@ gpumem_status gpumem_graph_pool_end(gpumem_graph_pool *gp, gpumem_stream stream)
     ctx->routes[i] = ctx->routes[n - 1];
     gp->nroutes--;
     atomic_store_explicit(&ctx->nroutes, n - 1, memory_order_release);
-    if (n == 1) ctx->tc_on = ctx->tc_saved;
     st = GPUMEM_OK;
     break;
   }
@@ -170,7 +166,6 @@ static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp) {
       *pp = gp->next;
       break;
     }
-  if (ctx->tc_on) (void)gpumem__tc_flush(ctx, gp->pool, 1); /* no thread cache may remember its blocks */
   gpumem__pool_destroy(gp->pool);
   free(gp);
 }

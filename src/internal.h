@@ -287,9 +287,8 @@ struct gpumem_context {
   gpumem__mutex trace_lock;     /* guards trace and the trace file */
   struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
   /* graph.c: graph pools and the streams routed to them */
-  atomic_int nroutes;           /* routed streams; while > 0 (a capture may be under way): thread caches are
-                                 * off, and no call synchronises the device or gives memory back to it */
-  int tc_saved;                 /* tc_on before the first route */
+  atomic_int nroutes;           /* routed streams; while > 0 (a capture may be under way): no thread cache is
+                                 * keyed to the context, no call synchronises the device or frees to it */
   struct gpumem_graph_pool *graphs; /* every graph pool of the context, under lock */
   struct gpumem__route *routes; /* nroutes entries, under lock */
   size_t route_cap;

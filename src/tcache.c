@@ -217,8 +217,10 @@ static void tc_say_protocol(gpumem_context *ctx) {
 
 static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
   if (c->ctx != NULL) flush_locked(c, 0, 1);
-  if (GPUMEM__MON_ON(ctx)) {
-    /* monitoring: the inlined hits must miss (trace.c detaches every cache when it turns it on) */
+  if (GPUMEM__MON_ON(ctx) || gpumem__capturing(ctx) || gpumem__pool_is_graph(p)) {
+    /* the inlined hits must miss: while monitoring (trace.c detaches every cache when it turns it
+     * on), while a stream is routed to a graph pool (graph.c detaches them at each route: a hit
+     * would hand the graph memory that work outside it reuses), and for a graph pool's blocks */
     tc_detach(c);
     return;
   }
@@ -473,7 +475,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   /* this thread owns b now; a reset takes every cache lock first, so it cannot drop b under us */
   gpumem__pool_free_block(p, b, stream);
   if (c->ctx == ctx && c->pool == p && c->stream == stream) c->misses = 0;
-  else if (!gpumem__pool_is_graph(p)) tc_miss(c, ctx, p, stream); /* never keyed to a graph pool */
+  else tc_miss(c, ctx, p, stream);
   gpumem__tc_unlock(c);
   return GPUMEM_OK;
 }
