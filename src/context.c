@@ -418,18 +418,13 @@ gpumem_status gpumem_get_limit(gpumem_context *ctx, int device, uint64_t *limit_
     return GPUMEM_OK;
   }
   /* no pool yet (none is made for this): the limit it will get */
-  uint64_t lim = ctx->opt.limit_bytes;
+  gpumem_backend_device_info bi;
+  memset(&bi, 0, sizeof bi);
   if (ctx->opt.limit_fraction > 0.0) {
-    gpumem_backend_device_info bi;
-    memset(&bi, 0, sizeof bi);
     gpumem_status st = gpumem__be_device_info(ctx, device, &bi);
     if (st != GPUMEM_OK) return st;
-    double f = ctx->opt.limit_fraction * (double)bi.total_bytes;
-    uint64_t fl = f >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)f;
-    if (lim == 0 || fl < lim) lim = fl;
-    if (lim == 0) lim = 1;
   }
-  *limit_bytes = lim;
+  *limit_bytes = gpumem__options_limit(&ctx->opt, bi.total_bytes);
   return GPUMEM_OK;
 }
 

@@ -108,6 +108,8 @@ const gpumem__option_desc *gpumem__options_table(size_t *count);
 
 /** Resolve cfg (may be NULL) + environment into opt. Logs bad values at WARN. */
 gpumem_status gpumem__options_resolve(const gpumem_config *cfg, gpumem__options *opt);
+/** The cap on bytes reserved on a device of `total` bytes (0 = none): limit_bytes, or limit_fraction of total if smaller. */
+uint64_t gpumem__options_limit(const gpumem__options *opt, uint64_t total);
 
 /** Parse a byte count ("64MiB", "1.5G", "4096"); allow_inf: accept unlimited/inf (-> UINT64_MAX). 0 on success. */
 int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out);
@@ -215,9 +217,9 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
 /** Give everything back (no live-block check) and free the pool. */
 void gpumem__pool_destroy(gpumem__pool *pool);
 
-/** acct: the calling thread's cache accounting when that cache belongs to this pool (exact peak), else NULL. */
 /** gpumem_record_stream under the pool lock (stream_order.c): GPUMEM_ERR_INVALID_POINTER when ptr is not live in this pool. */
 gpumem_status gpumem__pool_record_stream(gpumem__pool *pool, void *ptr, gpumem_stream stream);
+/** acct: the calling thread's cache accounting when that cache belongs to this pool (exact peak), else NULL. */
 gpumem_status gpumem__pool_alloc(gpumem__pool *pool, size_t size, gpumem_stream stream, const char *tag, void **out,
                                  gpumem__tc_acct *acct);
 /** Free a block whose pointer was looked up in the pointer index (the pool validates it under its lock). */

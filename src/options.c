@@ -348,3 +348,14 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
   *opt = o;
   return GPUMEM_OK;
 }
+
+uint64_t gpumem__options_limit(const gpumem__options *opt, uint64_t total) {
+  uint64_t lim = opt->limit_bytes;
+  if (opt->limit_fraction > 0.0 && total > 0) {
+    double f = opt->limit_fraction * (double)total;
+    uint64_t fl = f >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)f;
+    if (lim == 0 || fl < lim) lim = fl;
+    if (lim == 0) lim = 1; /* a tiny fraction still means "a limit" */
+  }
+  return lim;
+}

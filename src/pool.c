@@ -619,14 +619,7 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
   p->device = device;
   p->total = info.total_bytes;
   p->st.struct_size = (uint32_t)sizeof(gpumem_stats);
-  uint64_t lim = ctx->opt.limit_bytes;
-  if (ctx->opt.limit_fraction > 0.0 && p->total > 0) {
-    double f = ctx->opt.limit_fraction * (double)p->total;
-    uint64_t fl = f >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)f;
-    if (lim == 0 || fl < lim) lim = fl;
-    if (lim == 0) lim = 1; /* a tiny fraction still means "a limit" */
-  }
-  p->limit = lim;
+  p->limit = gpumem__options_limit(&ctx->opt, p->total);
   p->ready = malloc(sizeof *p->ready);
   if (p->ready == NULL || gpumem__mutex_init(&p->lock) != 0) {
     free(p->ready);
