@@ -272,11 +272,7 @@ gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, g
   gpumem__pool *p;
   if (GPUMEM__UNLIKELY(gpumem__capturing(ctx))) {
     gpumem_graph_pool *gp = gpumem__graph_route(ctx, device, stream);
-    if (gp != NULL) {
-      gpumem_status gst = gpumem__pool_alloc(gpumem__graph_pool_of(gp), size, stream, tag, out_ptr, NULL);
-      if (GPUMEM__MON_ON(ctx) && gst == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
-      return gst;
-    }
+    if (gp != NULL) return gpumem__graph_alloc(gp, size, stream, tag, out_ptr);
   }
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;

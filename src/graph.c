@@ -39,7 +39,14 @@ typedef struct gpumem__route {
   uint64_t capture_id; /* the stream's capture, once seen capturing (0: not yet) */
 } gpumem__route;
 
-gpumem__pool *gpumem__graph_pool_of(gpumem_graph_pool *gp) { return gp->pool; }
+/* An allocation from gp, announced to the monitoring hooks as every allocation is (its free
+ * through gpumem_free announces its end). */
+gpumem_status gpumem__graph_alloc(gpumem_graph_pool *gp, size_t size, gpumem_stream stream, const char *tag,
+                                  void **out_ptr) {
+  gpumem_status st = gpumem__pool_alloc(gp->pool, size, stream, tag, out_ptr, NULL);
+  if (GPUMEM__MON_ON(gp->ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(gp->ctx, gp->device, *out_ptr, size, stream);
+  return st;
+}
 
 gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_graph_pool **out) {
   if (ctx == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
@@ -69,10 +76,7 @@ gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *gp, size_t size, gpumem
     *out_ptr = NULL;
     return GPUMEM_OK;
   }
-  gpumem_status st = gpumem__pool_alloc(gp->pool, size, stream, NULL, out_ptr, NULL);
-  /* announced like every allocation: the free through gpumem_free announces its end */
-  if (GPUMEM__MON_ON(gp->ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(gp->ctx, gp->device, *out_ptr, size, stream);
-  return st;
+  return gpumem__graph_alloc(gp, size, stream, NULL, out_ptr);
 }
 
 gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream stream) {

@@ -302,8 +302,9 @@ static inline int gpumem__capturing(const gpumem_context *ctx) {
 }
 /** graph.c: the graph pool an allocation on (device, stream) is routed to, or NULL. */
 struct gpumem_graph_pool *gpumem__graph_route(gpumem_context *ctx, int device, gpumem_stream stream);
-/** graph.c: the device pool of a graph pool. */
-gpumem__pool *gpumem__graph_pool_of(struct gpumem_graph_pool *gp);
+/** graph.c: an allocation from a graph pool (gpumem_graph_pool_alloc, and allocations routed to it). */
+gpumem_status gpumem__graph_alloc(struct gpumem_graph_pool *gp, size_t size, gpumem_stream stream, const char *tag,
+                                  void **out_ptr);
 /** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
 /** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */
