@@ -25,6 +25,25 @@ import gpumem  # noqa: E402
 MiB = 1 << 20
 GiB = 1 << 30
 
+# The environment of a subprocess that uses the real GPU (the framework tests).
+GPU_ENV = {"GPUMEM_BACKEND": "cuda"}
+
+
+def _gpumem_has_cuda() -> bool:
+    try:
+        with gpumem.Context(backend="cuda", flags=gpumem.CONFIG_NO_ENV) as c:
+            return c.device_count > 0
+    except gpumem.GpumemError:
+        return False
+
+
+def need_gpu() -> None:
+    """Skip the calling test unless an NVIDIA GPU is there and libgpumem's cuda backend sees it."""
+    if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")):
+        pytest.skip("no NVIDIA GPU on this machine")
+    if not _gpumem_has_cuda():
+        pytest.skip("libgpumem was built without the CUDA backend or sees no CUDA device")
+
 
 @pytest.fixture
 def ctx():

@@ -14,28 +14,12 @@ import os
 import pytest
 
 import gpumem
-from conftest import run_python
+from conftest import GPU_ENV, need_gpu, run_python
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_CUPY = importlib.util.find_spec("cupy") is not None
 
 
-def _gpumem_has_cuda() -> bool:
-    try:
-        with gpumem.Context(backend="cuda", flags=gpumem.CONFIG_NO_ENV) as c:
-            return c.device_count > 0
-    except gpumem.GpumemError:
-        return False
-
-
-def _need_gpu():
-    if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")):
-        pytest.skip("no NVIDIA GPU on this machine")
-    if not _gpumem_has_cuda():
-        pytest.skip("libgpumem was built without the CUDA backend or sees no CUDA device")
-
-
-GPU_ENV = {"GPUMEM_BACKEND": "cuda"}
 
 
 # ---------------------------------------------------------------- missing frameworks
@@ -68,7 +52,7 @@ def test_plugin_modules_import_without_frameworks():
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
 def test_torch_enable_routes_allocations():
-    _need_gpu()
+    need_gpu()
     r = run_python(
         """
         import torch, gpumem, gpumem.torch
@@ -107,7 +91,7 @@ def test_torch_enable_routes_allocations():
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
 def test_torch_enable_too_late():
-    _need_gpu()
+    need_gpu()
     r = run_python(
         """
         import torch, gpumem, gpumem.torch
@@ -126,7 +110,7 @@ def test_torch_enable_too_late():
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
 def test_torch_reads_buffer_through_cai():
-    _need_gpu()
+    need_gpu()
     r = run_python(
         """
         import torch, gpumem
@@ -152,7 +136,7 @@ def test_torch_reads_buffer_through_cai():
 
 @pytest.mark.skipif(not HAVE_CUPY, reason="CuPy is not installed")
 def test_cupy_enable_routes_allocations():
-    _need_gpu()
+    need_gpu()
     r = run_python(
         """
         import numpy as np, cupy as cp, gpumem, gpumem.cupy
@@ -194,7 +178,7 @@ def test_cupy_enable_routes_allocations():
 
 @pytest.mark.skipif(not HAVE_CUPY, reason="CuPy is not installed")
 def test_cupy_reads_buffer_through_cai():
-    _need_gpu()
+    need_gpu()
     r = run_python(
         """
         import cupy as cp, gpumem

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import gpumem
-from conftest import run_python
+from conftest import GPU_ENV, need_gpu, run_python
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
@@ -27,23 +27,9 @@ SCRIPT = os.path.join(REPO, "examples", "python", "torch_parity.py")
 pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
 
 
-def _gpumem_has_cuda() -> bool:
-    try:
-        with gpumem.Context(backend="cuda", flags=gpumem.CONFIG_NO_ENV) as c:
-            return c.device_count > 0
-    except gpumem.GpumemError:
-        return False
-
-
 @pytest.fixture(scope="module", autouse=True)
-def need_gpu():
-    if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")):
-        pytest.skip("no NVIDIA GPU on this machine")
-    if not _gpumem_has_cuda():
-        pytest.skip("libgpumem was built without the CUDA backend or sees no CUDA device")
-
-
-GPU_ENV = {"GPUMEM_BACKEND": "cuda"}
+def gpu_present():
+    need_gpu()
 
 
 def run_check(name: str, allocator: str) -> dict:
