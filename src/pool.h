@@ -244,7 +244,8 @@ void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream);
 void gpumem__quarantine_step(gpumem__pool *p, gpumem_stream stream, int named);
 void gpumem__sync_all(gpumem__pool *p);
 int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream);
-void gpumem__poll_deferred(gpumem__pool *p, int wait);
+enum { GPUMEM__DEFER_POLL = 0, GPUMEM__DEFER_WAIT = 1, GPUMEM__DEFER_SYNCED = 2 };
+void gpumem__poll_deferred(gpumem__pool *p, int how);
 void gpumem__deferred_clear(gpumem__pool *p);
 
 /* trim.c: when and how cached memory goes back */

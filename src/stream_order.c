@@ -186,7 +186,7 @@ static void poll_marks(gpumem__pool *p) {
 
 /* Move every batch (and mark) whose event has completed to READY. No waiting. */
 void gpumem__poll_pending(gpumem__pool *p) {
-  if (p->ndeferred > 0) gpumem__poll_deferred(p, 0);
+  if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_POLL);
   poll_marks(p);
   gpumem__batch *b = p->pending_head;
   while (b != NULL) {
@@ -214,7 +214,7 @@ void gpumem__poll_pending(gpumem__pool *p) {
  * synchronisation (trim, reset, the out-of-memory and limit paths), which
  * makes every free block of the device READY. */
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
-  if (r->idx->nblocks == 0 || !p->ctx->has_events || p->graph || gpumem__capturing(p->ctx)) return;
+  if (r->idx->nblocks == 0 || !p->ctx->has_events || p->graph) return;
   if (p->scount < 2 && p->hungry == 0) { /* one stream so far: a mark, the blocks stay */
     if (!r->has_mark) mark_record(p, r);
     return;
@@ -370,7 +370,7 @@ void gpumem__sync_all(gpumem__pool *p) {
   if (gpumem__capturing(p->ctx)) return; /* a device synchronisation would invalidate a capture */
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
     dirty_clear(p);
-    if (p->ndeferred > 0) gpumem__poll_deferred(p, 0); /* their events completed with the device */
+    if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_SYNCED);
     for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
       if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
@@ -378,7 +378,7 @@ void gpumem__sync_all(gpumem__pool *p) {
       if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) gpumem__drain_to_ready(p, p->stab[i]->idx);
     return;
   }
-  if (p->ndeferred > 0) gpumem__poll_deferred(p, 1);
+  if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_WAIT);
   gpumem__batch *b = p->pending_head;
   while (b != NULL) {
     gpumem__batch *n = b->next;
@@ -421,7 +421,8 @@ struct gpumem__deferred {
   struct gpumem__deferred *next;
   gpumem__block *b;
   gpumem_stream stream; /* the freeing stream */
-  uint32_t nev;
+  uint32_t nev;         /* 0: freed while a capture may be under way, when no event may be recorded
+                         * (a noted stream may be the one captured): it waits for a device synchronisation */
   gpumem_event ev[];
 };
 
@@ -477,8 +478,9 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
   }
   gpumem__deferred *d = p->ctx->has_events ? malloc(sizeof *d + n * sizeof d->ev[0]) : NULL;
   int ok = d != NULL;
+  if (ok && gpumem__capturing(p->ctx)) n = 0; /* no event, no wait now: parked until the device is synchronised */
   uint32_t k = 0;
-  for (uint32_t i = 0; ok && i < u->n; i++) {
+  for (uint32_t i = 0; ok && n > 0 && i < u->n; i++) {
     if (u->s[i] == stream) continue;
     if (ev_get(p, &d->ev[k]) != GPUMEM_OK) {
       ok = 0;
@@ -509,12 +511,19 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
   return 1;
 }
 
-/* Parked frees whose events all completed (with wait: waited for) are freed on their stream. */
-void gpumem__poll_deferred(gpumem__pool *p, int wait) {
+/* Parked frees whose events all completed are freed on their stream: asked (DEFER_POLL), waited
+ * for (DEFER_WAIT), or known complete since the device was synchronised (DEFER_SYNCED, the only
+ * way a free parked without events completes). */
+void gpumem__poll_deferred(gpumem__pool *p, int how) {
   gpumem__deferred **pp = &p->deferred;
   while (*pp != NULL) {
     gpumem__deferred *d = *pp;
-    uint32_t i = 0;
+    if (d->nev == 0 && how != GPUMEM__DEFER_SYNCED) {
+      pp = &d->next;
+      continue;
+    }
+    const int wait = how == GPUMEM__DEFER_WAIT;
+    uint32_t i = how == GPUMEM__DEFER_SYNCED ? d->nev : 0;
     for (; i < d->nev; i++) {
       int done = 0;
       if (wait ? gpumem__be_event_synchronize(p->ctx, p->device, d->ev[i]) != GPUMEM_OK

@@ -145,6 +145,45 @@ static void test_forked_stream_follows_capture(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A block noted on a captured stream (gpumem_record_stream) and freed during the capture: no event
+ * is recorded on that stream (it would belong to the graph, and asking it later, as another
+ * stream's allocation does, invalidates the capture); the block waits for a device
+ * synchronisation instead, never served before. */
+static void test_noted_free_during_capture(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  const gpumem_stream st = (gpumem_stream)(uintptr_t)0xD0;
+  void *p;
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_begin(gp, SB), GPUMEM_OK);
+  capture_begin(SA);
+  capture_begin(SB);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  /* another stream's allocations look at parked frees on their way to new memory */
+  void *q[4];
+  for (int i = 0; i < 4; i++) {
+    assert_status(gpumem_alloc(ctx, 0, (size_t)(i + 1) << 24, st, &q[i]), GPUMEM_OK);
+    assert_false(overlaps(q[i], (size_t)(i + 1) << 24, p, 4 << 20));
+  }
+  capture_end_intact(SA);
+  capture_end_intact(SB);
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_end(gp, SB), GPUMEM_OK);
+  for (int i = 0; i < 4; i++) assert_status(gpumem_free(ctx, q[i], st), GPUMEM_OK);
+  /* after the capture, a trim synchronises the device: the parked block is free, and goes back */
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  gpumem_stats s = tu_stats(ctx, 0);
+  assert_int_equal(s.num_live, 0);
+  assert_int_equal(s.reserved_bytes, 0);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 /* Explicit allocation from a pool (PyTorch's filter-based routing), outside any capture too. */
 static void test_explicit_alloc(void **state) {
   (void)state;
@@ -261,6 +300,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_capture_allocates_in_pool, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_forked_stream_follows_capture, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_noted_free_during_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_explicit_alloc, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
