@@ -26,6 +26,7 @@ import glob
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 from typing import Any, List, Optional
 
@@ -128,6 +129,45 @@ def _cuda_include_and_lib(torch: Any) -> "tuple[List[str], List[str]]":
     )
 
 
+def _loaded_libstdcxx() -> Optional[str]:
+    """The libstdc++ this process runs with (PyTorch's), or None where /proc tells nothing."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if "libstdc++.so" in os.path.basename(path):
+                    return os.path.realpath(path)
+    except OSError:
+        pass
+    return None
+
+
+def _compiler_libstdcxx(cxx: str) -> Optional[str]:
+    try:
+        r = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    path = r.stdout.strip()
+    return os.path.realpath(path) if r.returncode == 0 and os.path.isabs(path) else None
+
+
+def choose_compiler() -> str:
+    """The C++ compiler for the shim: $CXX, else c++, unless its libstdc++ is not the one this
+    process runs with and another compiler on PATH (c++, g++, /usr/bin/g++) has that one.
+
+    The shim throws C++ exceptions into PyTorch (out of memory, bad pointers): built against another
+    libstdc++ than the process's, it compiled and loaded but crashed at the first throw (seen on an
+    image whose $CXX was a newer GCC in /opt than the one PyTorch uses)."""
+    first = os.environ.get("CXX", "c++")
+    loaded = _loaded_libstdcxx()
+    if loaded is None:
+        return first
+    for cxx in (first, "c++", "g++", "/usr/bin/g++"):
+        if shutil.which(cxx) is not None and _compiler_libstdcxx(cxx) == loaded:
+            return cxx
+    return first
+
+
 def _check_tools(cpp_extension: Any) -> None:
     missing = []
     cxx = os.environ.get("CXX", "c++")
@@ -166,11 +206,15 @@ def load_shim(torch: Any, verbose: bool = False) -> Any:
 
     _check_tools(cpp_extension)
     incs, cflags, ldflags = build_flags(torch, include_dir, digest)
-    lib_key = hashlib.sha256(os.path.realpath(capi.library_path).encode()).hexdigest()[:8]
+    cxx = choose_compiler()
+    # the library and the compiler are part of the key: a shim built by another compiler is not reused
+    lib_key = hashlib.sha256((os.path.realpath(capi.library_path) + "\0" + cxx).encode()).hexdigest()[:8]
     build_dir = os.path.join(
         build_root(), "torch-%s-%s-%s" % (str(torch.__version__).replace("+", "_"), digest[:16], lib_key)
     )
     os.makedirs(build_dir, exist_ok=True)
+    saved_cxx = os.environ.get("CXX")
+    os.environ["CXX"] = cxx  # cpp_extension compiles with $CXX
     try:
         return cpp_extension.load(
             name=MODULE_NAME,
@@ -184,6 +228,11 @@ def load_shim(torch: Any, verbose: bool = False) -> Any:
         )
     except (RuntimeError, OSError, ImportError) as e:
         raise ShimBuildError(
-            "gpumem.torch: building the PyTorch shim in %s failed: %s (run with GPUMEM_TORCH_VERBOSE=1 "
-            "to see the compiler's output)" % (build_dir, e)
+            "gpumem.torch: building the PyTorch shim in %s with %s failed: %s (run with GPUMEM_TORCH_VERBOSE=1 "
+            "to see the compiler's output)" % (build_dir, cxx, e)
         ) from e
+    finally:
+        if saved_cxx is None:
+            os.environ.pop("CXX", None)
+        else:
+            os.environ["CXX"] = saved_cxx
