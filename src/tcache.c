@@ -1,4 +1,4 @@
-/* tcache.c: per-thread caches in front of the pools (issue 4).
+/* tcache.c: per-thread caches in front of the pools.
  *
  * Each thread that allocates or frees gets one cache, keyed by (context,
  * pool, stream). A free on S of a block of that pool, up to GPUMEM__TC_MAX_SIZE

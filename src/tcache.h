@@ -1,4 +1,4 @@
-/* tcache.h: the per-thread cache's layout and its inlined hot paths (issue 4).
+/* tcache.h: the per-thread cache's layout and its inlined hot paths.
  *
  * gpumem_alloc and gpumem_free try gpumem__tc_fast_alloc / _free first, before
  * any argument check: one thread-local load, a try of the cache's lock (a plain store and a load),
