@@ -82,9 +82,7 @@ static void check_size(size_t n, int expandable, int two_streams) {
   gpumem_stats st = tu_stats(ctx, 0);
   assert_int_equal(st.num_live, 0);
   assert_int_equal(st.allocated_bytes, 0);
-  uint64_t live = 0;
   tu_ctx_done(ctx);
-  (void)live;
 }
 
 static void test_thread_cache_size(void **state) {
