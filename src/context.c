@@ -270,14 +270,12 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
 gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
                                  void **out_ptr, int looked) {
   gpumem__pool *p;
-  if (GPUMEM__UNLIKELY(gpumem__capturing(ctx))) {
-    gpumem_graph_pool *gp = gpumem__graph_route(ctx, device, stream);
-    if (gp != NULL) return gpumem__graph_alloc(gp, size, stream, tag, out_ptr);
-  }
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
+  /* allocations routed to a graph pool are decided where no thread cache is keyed (tc_alloc) */
   if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
     return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr, looked);
+  if (gpumem__graph_alloc_routed(ctx, device, size, stream, tag, out_ptr, &st)) return st;
   st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
   if (GPUMEM__MON_ON(ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
   return st;

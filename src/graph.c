@@ -69,6 +69,15 @@ gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_g
   return GPUMEM_OK;
 }
 
+int gpumem__graph_alloc_routed(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
+                               void **out_ptr, gpumem_status *st) {
+  if (GPUMEM__LIKELY(!gpumem__capturing(ctx))) return 0;
+  gpumem_graph_pool *gp = gpumem__graph_route(ctx, device, stream);
+  if (gp == NULL) return 0;
+  *st = gpumem__graph_alloc(gp, size, stream, tag, out_ptr);
+  return 1;
+}
+
 gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *gp, size_t size, gpumem_stream stream, void **out_ptr) {
   if (gp == NULL || out_ptr == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(gp->ctx)) return gpumem__forked_status(gp->ctx, __func__);

@@ -305,6 +305,11 @@ struct gpumem_graph_pool *gpumem__graph_route(gpumem_context *ctx, int device, g
 /** graph.c: an allocation from a graph pool (gpumem_graph_pool_alloc, and allocations routed to it). */
 gpumem_status gpumem__graph_alloc(struct gpumem_graph_pool *gp, size_t size, gpumem_stream stream, const char *tag,
                                   void **out_ptr);
+/** graph.c: while routes exist, an allocation on a routed stream (or one of its capture) from its graph
+ * pool: 1 and *st set; 0 when the allocation is not routed. Called where no thread cache is keyed
+ * (none is while routes exist), so a keyed cache's path never pays for it. */
+int gpumem__graph_alloc_routed(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
+                               void **out_ptr, gpumem_status *st);
 /** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
 /** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */

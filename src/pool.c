@@ -288,10 +288,6 @@ static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
   b->tag = NULL;
   /* noted on other streams: it waits for their work first (gpumem_record_stream) */
   if (GPUMEM__UNLIKELY(b->uses != NULL) && gpumem__defer_free(p, b, stream)) return;
-  /* the freeing stream may be under capture: no event on it (an event recorded in a capture cannot
-   * be asked). Allocations on a captured stream never reach this pool (graph.c routes them), so a
-   * free is the one call that could name one. */
-  if (GPUMEM__UNLIKELY(gpumem__capturing(p->ctx))) named = 0;
   gpumem__free_place(p, b, stream, named);
 }
 

@@ -214,7 +214,10 @@ void gpumem__poll_pending(gpumem__pool *p) {
  * synchronisation (trim, reset, the out-of-memory and limit paths), which
  * makes every free block of the device READY. */
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
-  if (r->idx->nblocks == 0 || !p->ctx->has_events || p->graph) return;
+  /* graph pools use no events; while a capture may be under way the stream may be the captured
+   * one, and an event recorded in a capture cannot be asked (its blocks wait for the next call or
+   * a device synchronisation) */
+  if (r->idx->nblocks == 0 || !p->ctx->has_events || p->graph || gpumem__capturing(p->ctx)) return;
   if (p->scount < 2 && p->hungry == 0) { /* one stream so far: a mark, the blocks stay */
     if (!r->has_mark) mark_record(p, r);
     return;
@@ -289,7 +292,7 @@ static void dirty_clear(gpumem__pool *p) {
  * GPUMEM_ERR_BUSY when not now, or a backend error. */
 gpumem_status gpumem__settle(gpumem__pool *p) {
   if (!p->dirty) return GPUMEM_OK;
-  int on_s = p->g_named && p->g_stream == p->solo_s && p->ctx->has_events;
+  int on_s = p->g_named && p->g_stream == p->solo_s && p->ctx->has_events && !gpumem__capturing(p->ctx);
   if (on_s && (!p->has_sev || p->sev_seq < p->dirty_seq)) {
     gpumem_event ev = p->sev;
     if (p->has_sev || ev_get(p, &ev) == GPUMEM_OK) {

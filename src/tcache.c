@@ -358,7 +358,11 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
                                const char *tag, void **out, int looked) {
   gpumem__tc *c = tc_self();
-  if (c == NULL) return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
+  gpumem_status st;
+  if (c == NULL) {
+    if (gpumem__graph_alloc_routed(ctx, gpumem__pool_device(p), size, stream, tag, out, &st)) return st;
+    return gpumem__pool_alloc(p, size, stream, tag, out, NULL);
+  }
   tc_say_protocol(ctx); /* (no lock held: the log callback may do what it likes) */
   gpumem__tc_acct *acct = NULL;
   unsigned flushes = 0;
@@ -392,8 +396,10 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     }
   }
   gpumem__tc_unlock(c);
+  /* not keyed: while routes exist no cache is (tc_rekey), and the allocation may be a graph's */
+  if (acct == NULL && gpumem__graph_alloc_routed(ctx, gpumem__pool_device(p), size, stream, tag, out, &st)) return st;
   /* acct is read by the pool under its lock: only this thread, or a flush under the pool lock, changes it */
-  gpumem_status st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
+  st = gpumem__pool_alloc(p, size, stream, tag, out, acct);
   if (acct != NULL && acct->grow_blocked) {
     /* the pool would grow (or map) while this cache, or another thread's cache of the pool, may hold
      * blocks: give them back first (cached blocks pin pieces of segments and granules; flushed, they

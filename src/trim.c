@@ -53,9 +53,9 @@ void gpumem__count_trim(gpumem__pool *p, uint64_t released, const char *why) {
 
 /* After a free: keep cached <= release_threshold, without waiting. */
 void gpumem__check_threshold(gpumem__pool *p) {
-  if (p->graph) return; /* a graph pool gives memory back only when released or trimmed explicitly */
   uint64_t thr = p->ctx->opt.release_threshold;
   if (cached_bytes(p) <= thr) return;
+  if (p->graph) return; /* a graph pool gives memory back only when released or trimmed explicitly */
   uint64_t rel = 0;
   (void)gpumem__release_empty(p, thr, &rel);
   if (cached_bytes(p) > thr && (p->npending > 0 || p->nmarks > 0 || p->ndeferred > 0)) {
