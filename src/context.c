@@ -107,6 +107,9 @@ static void graph_live(gpumem__pool *p, void *arg) {
   gpumem__pool_live(p, a->count, a->bytes, a->first, GPUMEM__LEAK_MAX, a->nfirst);
 }
 
+/* Live blocks of graph pools end for the monitoring hooks too, as the device pools' do. */
+static void graph_drop(gpumem__pool *p, void *ctx) { gpumem__monitor_drop((gpumem_context *)ctx, p); }
+
 gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   if (ctx == NULL || (flags & ~GPUMEM_DESTROY_FORCE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
@@ -134,6 +137,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
     gpumem__log(&ctx->opt.log, (flags & GPUMEM_DESTROY_FORCE) ? GPUMEM_LOG_INFO : GPUMEM_LOG_WARN, "%s", msg);
     if (!(flags & GPUMEM_DESTROY_FORCE)) return GPUMEM_ERR_BUSY;
   }
+  if (count > 0 && GPUMEM__MON_ON(ctx)) gpumem__graph_each(ctx, -1, graph_drop, ctx);
   gpumem__graph_collect(ctx, 1);
   for (int d = 0; d < ctx->ndev; d++) {
     gpumem__pool *p = pool_get(ctx, d);
