@@ -393,6 +393,26 @@ GPUMEM_API gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *pool, size_t
                                                  void **out_ptr);
 
 /**
+ * \brief Allocate exactly the range [`ptr`, `ptr` + `size`) of `pool`'s free memory.
+ *
+ * Restores a pool to a state recorded earlier (PyTorch's setCheckpointPoolState:
+ * CUDA graph trees re-recording after a replay): `ptr` is an address a block of
+ * the pool had, freed since. The range must be free, in one piece; what was free
+ * around it stays free. A block freed while noted on other streams
+ * (gpumem_record_stream) is waited for first, except during a capture. The block
+ * is freed as any other, with gpumem_free().
+ * \param pool the graph pool.
+ * \param ptr  the start of the range: 256-byte aligned, inside the pool's memory.
+ * \param size the bytes (rounded up to 256, as gpumem_alloc() rounds).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL or released pool, `size` 0,
+ *         `ptr` not 256-byte aligned); ::GPUMEM_ERR_INVALID_POINTER (the range is not
+ *         inside one of the pool's segments); ::GPUMEM_ERR_BUSY (part of the range is
+ *         live, or, during a capture, still waits for noted streams);
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (host memory). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_graph_pool_alloc_at(gpumem_graph_pool *pool, void *ptr, size_t size);
+
+/**
  * \brief Release a graph pool: its cached memory returns to the device now,
  *        each block still live returns when it is freed; `pool` is invalid afterwards.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL, or streams still routed to it);

@@ -10,9 +10,10 @@
 #  2. pytest-sim:  the pytest suite as in CI (sim), plus the PyTorch/CuPy tests for real;
 #  3. pytest-cuda: the suite with GPUMEM_BACKEND=cuda (sim-only tests skip themselves; the
 #     PyTorch/CuPy tests, which always use cuda, ran in step 2 already);
-#  4. train-*: ResNet-18, 30 steps, batch 64, fixed seed, deterministic settings:
-#     PyTorch's allocator (twice: the second run is the determinism control) and
-#     gpumem.torch.enable(), each in its own process; compare: losses must match to 1e-6;
+#  4. train: ResNet-50 and a GPT-style transformer, 30 steps, fixed seed, deterministic settings
+#     (examples/python/torch_train.py --all): PyTorch's allocator, expandable_segments:True,
+#     gpumem.torch.enable() and PyTorch's allocator again (the determinism control), each in
+#     its own process; losses must match to 1e-6; step time and peaks side by side;
 #  5. trim: ~10 GiB of tensors through gpumem, del, ctx.trim(), torch.cuda.mem_get_info() before/after;
 #  6. cupy: gpumem.cupy.enable(), matmul/reductions checked against NumPy.
 # Exit status: 0 only if every step passed.
@@ -90,12 +91,8 @@ GPUMEM_BACKEND=cuda step pytest-cuda 900 python3 -m pytest -v -rs -p no:cachepro
   --ignore=bindings/python/tests/test_torch_cupy.py   # those ran in pytest-sim, on cuda already
 tail -3 "$OUT/pytest-cuda.log" | tee -a "$summary"
 
-T=examples/python/train_resnet.py
-step train-torch 600 python3 $T --allocator torch --out "$OUT/train-torch.json"
-step train-gpumem 600 python3 $T --allocator gpumem --out "$OUT/train-gpumem.json"
-step train-torch-again 600 python3 $T --allocator torch --out "$OUT/train-torch-again.json"
-step compare 60 python3 $T --compare "$OUT/train-torch.json" "$OUT/train-gpumem.json" "$OUT/train-torch-again.json"
-cat "$OUT/compare.log" | tee -a "$summary"
+step train 900 python3 examples/python/torch_train.py --all resnet50 transformer --out-dir "$OUT/train"
+cat "$OUT/train.log" | tee -a "$summary"
 
 step trim 600 python3 examples/python/torch_trim.py --gib 10 --out "$OUT/trim.json"
 cat "$OUT/trim.log" | tee -a "$summary"

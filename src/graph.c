@@ -88,6 +88,14 @@ gpumem_status gpumem_graph_pool_alloc(gpumem_graph_pool *gp, size_t size, gpumem
   return gpumem__graph_alloc(gp, size, stream, NULL, out_ptr);
 }
 
+gpumem_status gpumem_graph_pool_alloc_at(gpumem_graph_pool *gp, void *ptr, size_t size) {
+  if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(gp->ctx)) return gpumem__forked_status(gp->ctx, __func__);
+  gpumem_status st = gpumem__pool_alloc_at(gp->pool, ptr, size);
+  if (GPUMEM__MON_ON(gp->ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(gp->ctx, gp->device, ptr, size, NULL);
+  return st;
+}
+
 gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream stream) {
   if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem_context *ctx = gp->ctx;

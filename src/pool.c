@@ -278,6 +278,84 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
   }
 }
 
+/* Allocate exactly [ptr, ptr + size) from p's free memory (a graph pool's: plain segments, see
+ * gpumem_graph_pool_alloc_at). The range must lie in one free block; the parts of that block
+ * before and after it stay free in the block's free set. A block waiting for the streams it was
+ * noted on (gpumem_record_stream) is waited for, outside a capture. */
+gpumem_status gpumem__pool_alloc_at(gpumem__pool *p, void *ptr, size_t size) {
+  uintptr_t addr = (uintptr_t)ptr;
+  if (size == 0 || size > SIZE_MAX - GPUMEM__ALIGN || (addr & (GPUMEM__ALIGN - 1)) != 0)
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  size_t rsize = (size + GPUMEM__ALIGN - 1) & ~(GPUMEM__ALIGN - 1);
+  gpumem_context *ctx = p->ctx;
+  gpumem__mutex_lock(&p->lock);
+  if (p->vm != NULL) {
+    gpumem__mutex_unlock(&p->lock);
+    return GPUMEM_ERR_INVALID_POINTER; /* no plain segments: graph pools never have expandable ones */
+  }
+  gpumem__segment *s = p->segs;
+  while (s != NULL && !(addr >= s->base && addr - s->base < s->size)) s = s->next;
+  gpumem_status st = GPUMEM_OK;
+  gpumem__block *b = NULL;
+  if (s == NULL || rsize > s->size - (addr - s->base)) {
+    st = GPUMEM_ERR_INVALID_POINTER;
+  } else {
+    for (b = s->head; b != NULL && addr - b->addr >= b->size; b = b->next) {
+    }
+    if (b != NULL && b->idx == &p->deferred_set && !gpumem__capturing(ctx)) {
+      gpumem__poll_deferred(p, GPUMEM__DEFER_WAIT); /* the noted streams' work, then it is free */
+      for (b = s->head; b != NULL && addr - b->addr >= b->size; b = b->next) {
+      }
+    }
+    if (b == NULL || b->idx == NULL || b->idx == &p->deferred_set || rsize > b->size - (addr - b->addr))
+      st = GPUMEM_ERR_BUSY; /* part of the range is live, or still in use by noted streams */
+    else if (block_reserve(p, 2) != 0)
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
+  }
+  if (st != GPUMEM_OK) {
+    gpumem__mutex_unlock(&p->lock);
+    return st;
+  }
+  gpumem__fidx *f = b->idx;
+  if (addr > b->addr) {
+    /* the part before the range stays free: its other neighbour is in no common set (b was merged) */
+    idx_remove(p, b);
+    gpumem__block *pre = block_new(p);
+    pre->addr = b->addr;
+    pre->size = addr - b->addr;
+    pre->seg = s;
+    pre->fseq = b->fseq;
+    pre->prev = b->prev;
+    pre->next = b;
+    if (b->prev != NULL) b->prev->next = pre;
+    else s->head = pre;
+    b->prev = pre;
+    b->addr = addr;
+    b->size -= pre->size;
+    idx_insert(p, f, pre);
+    idx_insert(p, f, b);
+  }
+  take(p, b, rsize);
+  if (gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) != 0) {
+    insert_coalesce(p, f, b);
+    gpumem__mutex_unlock(&p->lock);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
+  b->requested = size;
+  b->tag = NULL;
+  b->uses = NULL;
+  p->st.allocated_bytes += b->size;
+  if (p->st.allocated_bytes > p->st.allocated_peak) p->st.allocated_peak = p->st.allocated_bytes;
+  p->st.requested_bytes += size;
+  p->st.num_allocs++;
+  p->st.num_live++;
+#ifdef GPUMEM_DEBUG
+  if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after alloc_at");
+#endif
+  gpumem__mutex_unlock(&p->lock);
+  return GPUMEM_OK;
+}
+
 /* Free a live block already out of the pointer index, under the pool lock. */
 static void free_locked(gpumem__pool *p, gpumem__block *b, gpumem_stream stream, int named) {
   p->st.allocated_bytes -= b->size;

@@ -296,6 +296,96 @@ static void test_set_limit(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* gpumem_graph_pool_alloc_at: a pool restored to a recorded state (PyTorch's checkpoints). */
+static void test_alloc_at_restores_state(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  void *a, *b, *c;
+  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, SA, &a), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 1000, SA, &b), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 5 << 20, SA, &c), GPUMEM_OK);
+  gpumem_stats s0;
+  memset(&s0, 0, sizeof s0);
+  assert_status(gpumem_graph_pool_get_stats(gp, &s0), GPUMEM_OK);
+  /* the recorded state: a, b, c live. Later all are freed, the memory reused by others ... */
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, SB), GPUMEM_OK);
+  void *x;
+  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, SB, &x), GPUMEM_OK);
+  /* ... a range that overlaps a live block is refused, and nothing changes */
+  assert_status(gpumem_graph_pool_alloc_at(gp, x, 4096), GPUMEM_ERR_BUSY);
+  assert_status(gpumem_graph_pool_alloc_at(gp, (char *)x + (1 << 20), 1 << 20), GPUMEM_ERR_BUSY); /* inside it */
+  assert_status(gpumem_graph_pool_alloc_at(gp, (char *)x + (3 << 20) - 256, 512), GPUMEM_ERR_BUSY); /* across its end */
+  assert_status(gpumem_free(ctx, x, SB), GPUMEM_OK);
+  /* restore: each block at its address again, in any order, the middle one first */
+  assert_status(gpumem_graph_pool_alloc_at(gp, b, 1000), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc_at(gp, c, 5 << 20), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc_at(gp, a, 3 << 20), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc_at(gp, b, 1000), GPUMEM_ERR_BUSY); /* live now */
+  gpumem_stats s1;
+  memset(&s1, 0, sizeof s1);
+  assert_status(gpumem_graph_pool_get_stats(gp, &s1), GPUMEM_OK);
+  assert_int_equal(s1.allocated_bytes, s0.allocated_bytes);
+  assert_int_equal(s1.num_live, s0.num_live);
+  assert_int_equal(s1.reserved_bytes, s0.reserved_bytes); /* no growth: the same memory */
+  /* the restored blocks are ordinary blocks: writable, freed once, never twice */
+  assert_status(gpumem_free(ctx, b, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, SA), GPUMEM_ERR_INVALID_POINTER);
+  /* a range inside a free block, with free memory left on both sides */
+  uintptr_t mid = (uintptr_t)c + (1 << 20);
+  assert_status(gpumem_free(ctx, c, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc_at(gp, (void *)mid, 256), GPUMEM_OK);
+  void *lo, *hi;
+  assert_status(gpumem_graph_pool_alloc(gp, 1 << 20, SA, &lo), GPUMEM_OK); /* the space before still serves */
+  assert_status(gpumem_graph_pool_alloc(gp, 2 << 20, SA, &hi), GPUMEM_OK);
+  assert_false(overlaps(lo, 1 << 20, (void *)mid, 256));
+  assert_false(overlaps(hi, 2 << 20, (void *)mid, 256));
+  assert_status(gpumem_free(ctx, (void *)mid, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, lo, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, hi, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  /* everything free again, coalesced: the whole first segment can be taken at its start */
+  assert_status(gpumem_graph_pool_alloc_at(gp, a, 3 << 20), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_get_stats(gp, &s1), GPUMEM_OK);
+  assert_int_equal(s1.num_live, 0);
+  assert_int_equal(s1.allocated_bytes, 0);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+static void test_alloc_at_bad_input(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  void *a, *outside;
+  assert_status(gpumem_graph_pool_alloc(gp, 4096, SA, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 4096, SA, &outside), GPUMEM_OK); /* the device pool's, not the graph's */
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc_at(NULL, a, 4096), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_alloc_at(gp, a, 0), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_alloc_at(gp, (char *)a + 8, 256), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_alloc_at(gp, a, SIZE_MAX), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_graph_pool_alloc_at(gp, NULL, 256), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_graph_pool_alloc_at(gp, outside, 256), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_graph_pool_alloc_at(gp, a, (size_t)64 << 30), GPUMEM_ERR_INVALID_POINTER); /* past its segment */
+  gpumem_stats st;
+  memset(&st, 0, sizeof st);
+  assert_status(gpumem_graph_pool_get_stats(gp, &st), GPUMEM_OK);
+  assert_int_equal(st.num_live, 0); /* nothing changed */
+  assert_status(gpumem_free(ctx, outside, SA), GPUMEM_OK);
+  void *keep; /* a live block keeps the released pool (and gp) until it is freed */
+  assert_status(gpumem_graph_pool_alloc(gp, 8192, SA, &keep), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc_at(gp, a, 4096), GPUMEM_ERR_INVALID_ARGUMENT); /* released */
+  assert_status(gpumem_free(ctx, keep, SA), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_capture_allocates_in_pool, tu_setup, tu_teardown),
@@ -305,6 +395,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_set_limit, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_alloc_at_restores_state, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_alloc_at_bad_input, tu_setup, tu_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,6 +82,92 @@ def check_record_stream(torch: Any, iterations: int = 20) -> Tuple[bool, str, Di
     return wrong == 0, "%d wrong of %d" % (wrong, iterations), {"wrong": wrong, "iterations": iterations}
 
 
+def check_record_stream_stress(torch: Any, iterations: int = 3000) -> Tuple[bool, str, Dict[str, Any]]:
+    """record_stream under load: 4 streams, sizes from 512 B to 64 MiB, one or two readers per tensor.
+
+    Each iteration makes a tensor on a random producer stream, has one or two
+    other streams read it behind a short random sleep, notes them with
+    record_stream, drops it, and at once makes tensors of the same size on the
+    producer, filled with -1: if the freed block served them before the
+    readers finished, a reader sums -1s and its result is wrong.
+    """
+    import random
+
+    rng = random.Random(7)
+    streams = [torch.cuda.current_stream()] + [torch.cuda.Stream() for _ in range(3)]
+    sizes = [64, 512, 4096, 1 << 15, 1 << 17, 1 << 20, 1 << 23]  # int64 elements: 512 B .. 64 MiB
+    pending = []  # (sum tensor, expected)
+    wrong = 0
+    t0 = time.time()
+    for i in range(iterations):
+        n = rng.choice(sizes)
+        prod = rng.randrange(4)
+        readers = rng.sample([k for k in range(4) if k != prod], rng.choice((1, 1, 2)))
+        with torch.cuda.stream(streams[prod]):
+            x = torch.full((n,), i, dtype=torch.int64, device="cuda")
+        for r in readers:
+            streams[r].wait_stream(streams[prod])
+            with torch.cuda.stream(streams[r]):
+                torch.cuda._sleep(rng.randrange(0, 200_000))
+                pending.append((x.sum(), i * n))
+            x.record_stream(streams[r])
+        del x
+        with torch.cuda.stream(streams[prod]):
+            y = [torch.full((n,), -1, dtype=torch.int64, device="cuda") for _ in range(2)]
+        del y
+        if len(pending) >= 512:
+            torch.cuda.synchronize()
+            wrong += sum(int(t.item()) != e for t, e in pending)
+            pending.clear()
+    torch.cuda.synchronize()
+    wrong += sum(int(t.item()) != e for t, e in pending)
+    reads = iterations  # at least one read per iteration
+    return wrong == 0, "%d iterations, 4 streams, 512 B-64 MiB: %d wrong reads (%.1f s)" % (
+        iterations, wrong, time.time() - t0), {"wrong": wrong, "iterations": iterations, "min_reads": reads}
+
+
+def check_compile(torch: Any, steps: int = 6) -> Tuple[bool, str, Dict[str, Any]]:
+    """torch.compile(mode="reduce-overhead"): CUDA graphs through PyTorch's cudagraph trees.
+
+    Inference calls, then training steps (forward and backward graphs: the backward is
+    recorded after the forward replayed, which restores the pool from a checkpoint),
+    each compared with an eager copy of the model, while other tensors are made and checked.
+    """
+    import copy
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    worst = worst_grad = 0.0
+    others_wrong = 0
+    n = 1 << 22
+    with torch.no_grad():
+        for k in range(steps):
+            x = torch.randn(128, 1024, device="cuda")
+            out = compiled(x).clone()
+            others = [torch.full((n,), k + j, dtype=torch.int64, device="cuda") for j in range(3)]
+            ref = eager(x)
+            worst = max(worst, float((out - ref).abs().max() / (ref.abs().max() + 1e-12)))
+            others_wrong += sum(int(o.sum()) != (k + j) * n for j, o in enumerate(others))
+    train = torch.compile(model, mode="reduce-overhead")
+    for k in range(steps):
+        x = torch.randn(128, 1024, device="cuda")
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+        train(x).square().mean().backward()
+        eager(x).square().mean().backward()
+        others = [torch.full((n,), k + j, dtype=torch.int64, device="cuda") for j in range(3)]
+        for p, q in zip(model.parameters(), eager.parameters()):
+            worst_grad = max(worst_grad, float((p.grad - q.grad).abs().max() / (q.grad.abs().max() + 1e-12)))
+        others_wrong += sum(int(o.sum()) != (k + j) * n for j, o in enumerate(others))
+    torch.cuda.synchronize()
+    ok = worst < 1e-2 and worst_grad < 1e-2 and others_wrong == 0
+    return ok, "%d calls + %d training steps; max relative difference to eager %.1e (outputs), %.1e (gradients); %d wrong other tensors" % (
+        steps, steps, worst, worst_grad, others_wrong), {"worst": worst, "worst_grad": worst_grad, "others_wrong": others_wrong}
+
+
 def check_graph(torch: Any, replays: int = 10) -> Tuple[bool, str, Dict[str, Any]]:
     torch.manual_seed(0)
     nn = torch.nn
@@ -240,9 +326,11 @@ CHECKS: Dict[str, Tuple[str, Callable[[Any], Tuple[bool, str, Dict[str, Any]]]]]
     "installed": ("allocator in use (gpumem only)", check_installed),
     "oom": ("torch.empty larger than the device", check_oom),
     "record_stream": ("record_stream(B), del, new tensors on A (20 iterations)", check_record_stream),
+    "record_stream_stress": ("record_stream stress: 3000 iterations, 4 streams, 512 B-64 MiB", check_record_stream_stress),
     "graph": ("torch.cuda.graph of an MLP 1024-8192-8192-1024, batch 256, replayed", check_graph),
     "graphed_callables": ("torch.cuda.make_graphed_callables, 5 training steps vs eager", check_graphed_callables),
     "mempool": ("torch.cuda.MemPool + use_mem_pool", check_mempool),
+    "compile": ('torch.compile(mode="reduce-overhead") of an MLP: 6 calls and 6 training steps vs eager', check_compile),
     "empty_cache": ("empty_cache after 8 GiB freed", check_empty_cache),
     "fraction": ("set_per_process_memory_fraction(0.1), then a 30% tensor", check_fraction),
     "stats": ("memory_allocated/max/reserved/memory_stats/memory_summary/reset_peak", check_stats),

@@ -107,6 +107,16 @@ class BlockTable {
     *out = it->second;
     return true;
   }
+  std::vector<std::pair<void*, Meta>> list_pool(gpumem_graph_pool* pool) {
+    std::vector<std::pair<void*, Meta>> r;
+    for (Shard& s : shards_) {
+      std::lock_guard<std::mutex> g(s.mu);
+      for (const auto& kv : s.map)
+        if (kv.second.pool == pool) r.emplace_back(kv.first, kv.second);
+    }
+    std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return r;
+  }
   std::unordered_set<void*> in_pool(gpumem_graph_pool* pool) {
     std::unordered_set<void*> r;
     for (Shard& s : shards_) {
@@ -164,6 +174,13 @@ struct Active {
 };
 
 void deleter(void* ptr);
+
+// getCheckpointState's result: the live blocks of one graph pool, by address.
+struct Checkpoint final : CCA::AllocatorState {
+  DeviceIndex device = -1;
+  gpumem_graph_pool* pool = nullptr;
+  std::vector<std::pair<void*, Meta>> blocks;
+};
 
 class GpumemAllocator final : public CCA::CUDAAllocator {
  public:
@@ -476,17 +493,59 @@ class GpumemAllocator final : public CCA::CUDAAllocator {
     TORCH_CHECK_NOT_IMPLEMENTED(false, "gpumem: MemPool(no_split=True) is not supported");
   }
 
-  std::shared_ptr<CCA::AllocatorState> getCheckpointState(DeviceIndex /*device*/, MempoolId_t /*id*/) override {
-    TORCH_CHECK_NOT_IMPLEMENTED(false,
-                                "gpumem: allocator checkpoints (CUDA graph trees re-recording from a "
-                                "checkpoint) are not supported");
+  // A checkpoint of a graph pool is the list of its live blocks (CUDA graph trees take one after
+  // each recording); restoring it makes exactly those blocks live again, at their addresses.
+  std::shared_ptr<CCA::AllocatorState> getCheckpointState(DeviceIndex device, MempoolId_t id) override {
+    check_device(device);
+    gpumem_graph_pool* pool = pool_of(device, id, "getCheckpointState");
+    auto state = std::make_shared<Checkpoint>();
+    state->device = device;
+    state->pool = pool;
+    state->blocks = table_.list_pool(pool);
+    return state;
   }
 
-  CCA::CheckpointDelta setCheckpointPoolState(DeviceIndex /*device*/,
-                                              std::shared_ptr<CCA::AllocatorState> /*pps*/) override {
-    TORCH_CHECK_NOT_IMPLEMENTED(false,
-                                "gpumem: allocator checkpoints (CUDA graph trees re-recording from a "
-                                "checkpoint) are not supported");
+  CCA::CheckpointDelta setCheckpointPoolState(DeviceIndex device, std::shared_ptr<CCA::AllocatorState> pps) override {
+    check_device(device);
+    auto* state = dynamic_cast<Checkpoint*>(pps.get());
+    TORCH_CHECK(state != nullptr && state->device == device,
+                "gpumem: setCheckpointPoolState: not a checkpoint of the gpumem allocator on device ",
+                static_cast<int>(device));
+    gpumem_graph_pool* pool = state->pool;
+    {
+      std::lock_guard<std::mutex> g(pools_mu_);
+      bool known = false;
+      for (const auto& kv : pools_) known = known || kv.second.pool == pool;
+      TORCH_CHECK(known, "gpumem: setCheckpointPoolState: the checkpoint's memory pool was released");
+    }
+    std::unordered_map<void*, Meta> want;
+    for (const auto& b : state->blocks) want.emplace(b.first, b.second);
+    CCA::CheckpointDelta delta;
+    // Every live block of the pool counts as freed (PyTorch's contract); those the checkpoint
+    // also holds, with the same size, stay live in libgpumem and come back as allocated.
+    for (const auto& cur : table_.list_pool(pool)) {
+      delta.ptrs_freed.push_back(cur.first);
+      auto it = want.find(cur.first);
+      if (it != want.end() && it->second.size == cur.second.size) continue;
+      gpumem_status st = free_ptr(cur.first);
+      TORCH_CHECK(st == GPUMEM_OK, "gpumem: setCheckpointPoolState: freeing ", cur.first, " failed: ",
+                  status_text(st));
+    }
+    std::unordered_set<void*> live;
+    for (const auto& cur : table_.list_pool(pool)) live.insert(cur.first);
+    for (const auto& b : state->blocks) {
+      void* p = b.first;
+      const Meta& m = b.second;
+      if (!live.count(p)) {
+        gpumem_status st = gpumem_graph_pool_alloc_at(pool, p, m.size);
+        TORCH_CHECK(st == GPUMEM_OK, "gpumem: setCheckpointPoolState: restoring the block at ", p, " (",
+                    m.size, " bytes) failed: ", status_text(st));
+        table_.insert(p, m);
+        count_alloc(m.device, m.size);
+      }
+      delta.dataptrs_allocd.emplace_back(p, p, &deleter, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
 
   // ------------------------------------------------------------ IPC, history, peers
@@ -603,13 +662,25 @@ class GpumemAllocator final : public CCA::CUDAAllocator {
       (void)gpumem_free(ctx_, p, stream);
       throw;
     }
+    count_alloc(device, size);
+    return p;
+  }
+
+  void count_alloc(int device, size_t size) {
     DeviceCounters& c = counters_[device];
     raise_peak(c.live_peak, c.live.fetch_add(1, std::memory_order_relaxed) + 1);
     int64_t sz = static_cast<int64_t>(size);
     raise_peak(c.requested_peak, c.requested.fetch_add(sz, std::memory_order_relaxed) + sz);
     c.allocs.fetch_add(1, std::memory_order_relaxed);
     c.requested_total.fetch_add(sz, std::memory_order_relaxed);
-    return p;
+  }
+
+  gpumem_graph_pool* pool_of(DeviceIndex device, MempoolId_t id, const char* what) {
+    std::lock_guard<std::mutex> g(pools_mu_);
+    auto it = pools_.find({device, id});
+    TORCH_CHECK(it != pools_.end(), "gpumem: ", what, ": no memory pool (", id.first, ", ", id.second,
+                ") on device ", static_cast<int>(device));
+    return it->second.pool;
   }
 
   [[noreturn]] void fail(gpumem_status st, size_t size, DeviceIndex device) {
