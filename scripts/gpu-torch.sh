@@ -53,6 +53,7 @@ want parity && part parity 400 python3 examples/python/torch_parity.py ${PARITY_
 # shellcheck disable=SC2086
 want train && part train 400 python3 examples/python/torch_train.py --all ${TRAIN_MODELS:-resnet50 transformer} \
   --out-dir "$OUT/train"
+[ -d "$OUT/train" ] && tar -C "$OUT" -czf "$OUT/train.tgz" train && rm -rf "$OUT/train"
 want cupy && part cupy 120 python3 examples/python/cupy_check.py
 for f in record parity train cupy; do
   [ -f "$OUT/$f.log" ] && { echo "---- $f"; tail -40 "$OUT/$f.log"; }

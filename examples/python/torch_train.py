@@ -42,7 +42,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BINDINGS = os.path.abspath(os.path.join(HERE, os.pardir, os.pardir, "bindings", "python"))
-ALLOCATORS = ("torch", "expandable", "gpumem")
+ALLOCATORS = ("torch", "expandable", "gpumem", "gpumem-plain")
 MODELS = ("resnet18", "resnet50", "transformer")
 MiB = 1 << 20
 
@@ -134,7 +134,9 @@ def _transformer(torch, vocab: int, d: int, layers: int, heads: int, seq: int):
 def train(args) -> dict:
     if args.allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if args.allocator == "gpumem":
+    if args.allocator == "gpumem-plain":
+        os.environ["GPUMEM_EXPANDABLE"] = "0"
+    if args.allocator.startswith("gpumem"):
         import gpumem.torch  # before any CUDA tensor exists
 
         gpumem.torch.enable(device=0)
@@ -146,6 +148,11 @@ def train(args) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # attention through the math kernels: the fused ones' backward is not deterministic
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
     gen = torch.Generator().manual_seed(args.seed + 1)
     dev = torch.device("cuda", 0)
 
@@ -190,7 +197,15 @@ def train(args) -> dict:
         print("step %3d loss %.9f (%s) %.1f ms" % (step, value, float.hex(value), times[-1] * 1e3), flush=True)
     torch.cuda.synchronize()
     warm = sorted(times[3:]) if len(times) > 3 else sorted(times)
+    extra = {}
+    if args.allocator.startswith("gpumem"):
+        import gpumem.torch
+
+        st = gpumem.torch.context().stats(0)
+        extra = {k: st[k] for k in ("num_backend_allocs", "num_backend_frees", "num_trims", "num_segments",
+                                    "num_allocs") if k in st}
     return {
+        "gpumem_stats": extra,
         "allocator": args.allocator,
         "model": args.model,
         "arch": arch,
@@ -291,6 +306,9 @@ def main() -> int:
     if args.lr is None:
         args.lr = 3e-4 if args.model == "transformer" else 0.01
     result = train(args)
+    print("median step %.2f ms, max_memory_allocated %.0f MiB, max_memory_reserved %.0f MiB %s" % (
+        result["median_step_ms"], result["max_memory_allocated"] / MiB, result["max_memory_reserved"] / MiB,
+        json.dumps(result["gpumem_stats"]) if result["gpumem_stats"] else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
