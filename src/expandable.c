@@ -245,6 +245,7 @@ static gpumem_status vm_seg_open(gpumem__pool *p, size_t rsize, int rcls, gpumem
  * of expandable segments that are wholly free and unmapped. */
 gpumem_status gpumem__vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released) {
   gpumem_status first = GPUMEM_OK;
+  gpumem__vm_allowance_reset(p->vm); /* memory is wanted back: new memory stays within the peak again */
   if (cached_bytes(p) > keep) first = gpumem__vm_trim(p->vm, cached_bytes(p) - keep, released);
   if (keep != 0) return first;
   gpumem__segment *s = p->segs;

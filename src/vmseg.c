@@ -29,6 +29,12 @@
 #define CHUNK_MAX_BYTES ((size_t)8 << 20)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16
+/* Moves of idle chunks after which the allowance above the live peak grows by one largest chunk
+ * (see fill). A workload whose steady state keeps moving chunks (each move is an unmap and a map,
+ * on CUDA tens of microseconds, and an unmap waits for the device's page tables) buys its way
+ * out with memory; a workload that moves little stays at the peak. Fewer moves per raise buy
+ * more memory sooner, more moves per raise leave more moves (figures: docs/internals/HOT-PATH.md). */
+#define MOVES_PER_RAISE 16
 
 typedef struct vmchunk {
   gpumem_phys_handle h;
@@ -61,6 +67,8 @@ struct gpumem__vmpool {
   spare_chunk *spare;      /* unmapped but held (a failed map or destroy) */
   size_t nspare, capspare;
   size_t spare_gran;
+  uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
+  uint32_t moves;          /* idle-chunk moves since the allowance last grew */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
 };
@@ -438,19 +446,28 @@ void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta) {
 /* Map `len` granules at granule g of vs that are all unmapped, in one chunk.
  *
  * Memory held grows only where it must: new memory is created as long as
- * that keeps the reserved bytes within their peak (and the limit); beyond
- * that, held chunks are used first: a spare one that fits, an idle one of
- * exactly this size (moved: one unmap, one map), else idle chunks (oldest
- * first) are given back before the new one is created. So the peak grows
- * only when no idle chunk is left, as when every 2 MiB chunk was moved one
- * by one, but with a few calls per run of granules instead of two per
- * granule; and below the peak nothing is moved at all. */
+ * that keeps the reserved bytes within their peak, or within the live peak
+ * plus the allowance (and the limit); beyond that, held chunks are used
+ * first: a spare one that fits, an idle one of exactly this size (moved: one
+ * unmap, one map), else idle chunks (oldest first) are given back before the
+ * new one is created. So the peak grows only when no idle chunk is left, as
+ * when every 2 MiB chunk was moved one by one, but with a few calls per run
+ * of granules instead of two per granule; and below the peak nothing is
+ * moved at all. The allowance starts at 0 and grows by one largest chunk
+ * every MOVES_PER_RAISE moves: a steady state that keeps moving chunks
+ * settles where it needs none. Trimming (gpumem__vm_allowance_reset) and a
+ * full device set it back to 0. */
 static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
   gpumem__vmpool *vp = vs->vp;
   uint64_t add = (uint64_t)len * vp->gran;
   uint64_t cap = vp->st->reserved_peak;
+  if (vp->st->allocated_peak + vp->allowance > cap) cap = vp->st->allocated_peak + vp->allowance;
   if (limit != 0 && limit < cap) cap = limit;
   if (vp->st->reserved_bytes + add > cap && vp->nidle + vp->spare_gran > 0) {
+    if (++vp->moves >= MOVES_PER_RAISE) {
+      vp->moves = 0;
+      vp->allowance += (uint64_t)vp->chunk_max * vp->gran;
+    }
     /* a spare chunk that fits */
     for (size_t k = 0; k < vp->nspare; k++) {
       if (vp->spare[k].len != len) continue;
@@ -485,6 +502,7 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   }
   if (limit != 0 && vp->st->reserved_bytes + add > limit) return GPUMEM_ERR_LIMIT_EXCEEDED;
   gpumem_status st = map_new(vs, g, len);
+  if (st == GPUMEM_ERR_OUT_OF_MEMORY) gpumem__vm_allowance_reset(vp); /* the device is full: pack tightly */
   if (st == GPUMEM_ERR_OUT_OF_MEMORY && vp->ihead != NIL) {
     /* the device is full (others took memory): give idle chunks back and try again */
     uint64_t freed = 0;
@@ -517,6 +535,11 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
     g = e;
   }
   return GPUMEM_OK;
+}
+
+void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {
+  vp->allowance = 0;
+  vp->moves = 0;
 }
 
 gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *released) {

@@ -49,6 +49,8 @@ gpumem_status gpumem__be_vm_destroy(gpumem_context *ctx, int dev, gpumem_phys_ha
 gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t size, gpumem_phys_handle h);
 gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size);
 
+/** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
+void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
 /**
  * The vm state of one device pool, or NULL when the pool uses plain
  * segments: expandable is off, the backend lacks vm methods, or its
