@@ -158,3 +158,17 @@ def test_no_compiler_gives_a_clear_error(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_record_stream_stress_multi_stream():
+    ref, got = both("record_stream_stress")
+    assert ref["ok"], ref
+    assert got["ok"], got
+    assert got["detail"]["wrong"] == 0 and got["detail"]["iterations"] >= 3000, got
+
+
+def test_torch_compile_reduce_overhead_trains_like_eager():
+    ref, got = both("compile")
+    assert ref["ok"], ref
+    assert got["ok"], got
+    assert got["detail"]["others_wrong"] == 0, got
