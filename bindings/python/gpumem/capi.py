@@ -204,6 +204,8 @@ _BACKEND_METHODS = (
     "event_create", "event_destroy", "event_record", "event_query", "event_synchronize",
     "stream_synchronize", "device_synchronize", "device_reset", "error_status", "error_string",
     "vm_granularity", "vm_reserve", "vm_release", "vm_create", "vm_destroy", "vm_map", "vm_unmap",
+    "annotate_alloc", "annotate_free",  # version 2
+    "stream_capture",  # version 3
 )
 
 
