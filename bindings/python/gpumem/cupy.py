@@ -96,7 +96,7 @@ def _raise_for(ctx: Context) -> Callable[[int, int, int], None]:
     """The on_error of the C allocator: raises what a failed allocation of ``size`` on ``device`` means."""
 
     def on_error(size: int, device: int, status: int) -> None:
-        err = errors.make_error(status, ctx._state.handle if not ctx._state.closed else None)
+        err = errors.make_error(status, None if ctx.closed else ctx.handle)
         if isinstance(err, (errors.OutOfMemoryError, errors.LimitExceededError)):
             try:
                 total = ctx.stats(device)["allocated_bytes"]
@@ -140,7 +140,7 @@ class _CAllocator:
         self.on_error = _raise_for(ctx)
         p = capi.CupyAllocator()
         p.struct_size = ctypes.sizeof(capi.CupyAllocator)
-        p.ctx = ctx._state.handle
+        p.ctx = ctx.handle
         p.stream_of = stream_fn
         p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
         p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
@@ -161,18 +161,23 @@ def c_allocator_available() -> bool:
 def allocator(ctx: Optional[Context] = None) -> Callable[[int], Any]:
     """Return a CuPy allocator function ``f(nbytes) -> cupy.cuda.MemoryPointer`` on ``ctx``.
 
-    ``ctx`` defaults to the process-wide context. The function is the ``malloc`` of a
+    ``ctx`` defaults to the process-wide context. For it, the function is the ``malloc`` of a
     ``cupy.cuda.memory.CFunctionAllocator`` over ``gpumem_cupy_malloc``/``gpumem_cupy_free``:
     CuPy calls libgpumem from C, with its current device, and libgpumem reads CuPy's
     current stream of that device from C, so an allocation costs what one through
     CuPy's own ``MemoryPool`` costs. The memory is freed on the stream it was allocated
-    for. Where the C path is not available (:func:`c_allocator_available`), the
-    function is Python code doing the same, slower.
+    for. For a context of your own, and where the C path is not available
+    (:func:`c_allocator_available`), the function is Python code doing the same,
+    slower: each block is a :class:`gpumem.Buffer`, so closing that context
+    while CuPy holds its memory stays safe.
     """
     cupy = _import_cupy()
     ctx = ctx or global_context()
     stream_fn = _stream_function()
-    if stream_fn is not None and getattr(capi.lib.gpumem_cupy_malloc, "argtypes", None) is not None:
+    # Only a context Python never destroys (the process-wide one) is handed to C: a context of
+    # your own may be closed while CuPy still holds memory, and its Buffers are what keeps that safe.
+    if (stream_fn is not None and not ctx._state.owned
+            and getattr(capi.lib.gpumem_cupy_malloc, "argtypes", None) is not None):
         owner = _CAllocator(ctx, stream_fn)
         c_alloc = cupy.cuda.memory.CFunctionAllocator(
             ctypes.addressof(owner.param),

@@ -126,7 +126,7 @@ def _make_manager_class() -> type:
             ctx_ref = weakref_proxy(self.context)
             if size == 0:
                 return cuda.MemoryPointer(ctx_ref, _device_pointer(driver, 0), 0)
-            handle = self._ctx._state.handle
+            handle = self._ctx.handle
             out = c_void_p()
             status = capi.lib.gpumem_alloc(handle, self._device, size, None, byref(out))
             if status:

@@ -280,7 +280,7 @@ def replay(
     trace_out: Dict[int, List[Dict[str, Any]]] = {}
     t0 = time.perf_counter()
     try:
-        h = ctx._state.handle
+        h = ctx.handle
         lib = capi.lib
         st = capi.Stats()
         st.struct_size = ctypes.sizeof(capi.Stats)

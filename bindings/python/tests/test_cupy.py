@@ -93,10 +93,19 @@ def _run(code: str) -> None:
 def test_cupy_takes_the_c_path():
     _run(
         """
-        import cupy, gpumem.cupy
+        import cupy, gpumem, gpumem.cupy
         assert gpumem.cupy.c_allocator_available(), "CuPy's get_stream_ptr or gpumem_cupy_malloc missing"
         f = gpumem.cupy.allocator()
         assert isinstance(f.__self__, cupy.cuda.memory.CFunctionAllocator), f
+        # a context of your own gets the Python allocator: closing it stays safe
+        with gpumem.Context(backend="cuda") as own:
+            g = gpumem.cupy.allocator(own)
+            assert not hasattr(g, "__self__"), g
+            with cupy.cuda.using_allocator(g):
+                a = cupy.arange(1000)
+                assert int(a.sum()) == 499500
+            assert own.stats()["num_live"] == 1
+        del a  # its Buffer died with the context: nothing is freed twice
         print("ok")
         """
     )
@@ -110,7 +119,7 @@ def test_cupy_current_device_and_stream_are_honoured(tmp_path):
         import cupy as cp, gpumem, gpumem.cupy
         gpumem.cupy.enable()
         ctx = gpumem.cupy.context()
-        assert gpumem.capi.lib.gpumem_trace_start(ctx._state.handle, %r.encode()) == 0
+        assert gpumem.capi.lib.gpumem_trace_start(ctx.handle, %r.encode()) == 0
         a = cp.empty(1000, dtype=cp.uint8)
         s = cp.cuda.Stream(non_blocking=True)
         with s:
@@ -123,7 +132,7 @@ def test_cupy_current_device_and_stream_are_honoured(tmp_path):
         assert int(b.sum()) == 7 * 3000
         del a, b, c
         cp.cuda.Device().synchronize()
-        assert gpumem.capi.lib.gpumem_trace_stop(ctx._state.handle) == 0
+        assert gpumem.capi.lib.gpumem_trace_stop(ctx.handle) == 0
         ev = [l.split() for l in open(%r) if l.startswith("a ")]
         by_size = {int(e[2]): e for e in ev}
         assert int(by_size[1000][3]) == cp.cuda.get_current_stream().ptr, by_size[1000]
