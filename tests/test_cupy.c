@@ -3,6 +3,7 @@
  * these the interpreter's functions; here they are recording stand-ins. */
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -220,6 +221,66 @@ static void test_process_wide_context(void **state) {
   assert_status(gpumem_trim(g, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
 }
 
+/* Threads allocating for streams of their own and the default stream at once; half of each
+ * thread's blocks are freed by the main thread afterwards (CuPy arrays die on any thread). */
+enum { NT = 4, PER = 400 };
+typedef struct worker {
+  gpumem_cupy_allocator *a;
+  int id;
+  void *keep[PER / 2];
+  int ok;
+} worker;
+
+static _Thread_local intptr_t tls_stream;
+static intptr_t tls_stream_of(int device) {
+  (void)device;
+  return tls_stream;
+}
+
+static void *work(void *arg) {
+  worker *w = arg;
+  w->ok = 1;
+  for (int i = 0; i < PER; i++) {
+    tls_stream = (i % 2) ? (intptr_t)(0x1000 * (w->id + 1)) : 0;
+    size_t n = 256 * (size_t)(1 + (i * 7 + w->id) % 64);
+    void *p = gpumem_cupy_malloc(w->a, n, 0);
+    if (p == NULL) {
+      w->ok = 0;
+      return NULL;
+    }
+    if (i % 2 == 0 && i / 2 < PER / 2) {
+      w->keep[i / 2] = p;
+    } else {
+      gpumem_cupy_free(w->a, p, 0);
+    }
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_cupy_allocator a = param_for(ctx);
+  a.stream_of = tls_stream_of;
+  pthread_t t[NT];
+  worker w[NT];
+  for (int i = 0; i < NT; i++) {
+    memset(&w[i], 0, sizeof w[i]);
+    w[i].a = &a;
+    w[i].id = i;
+    assert_int_equal(pthread_create(&t[i], NULL, work, &w[i]), 0);
+  }
+  for (int i = 0; i < NT; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (int i = 0; i < NT; i++) {
+    assert_true(w[i].ok);
+    for (int j = 0; j < PER / 2; j++) gpumem_cupy_free(&a, w[i].keep[j], 0);
+  }
+  assert_int_equal(calls, 0);
+  assert_true(tu_stats(ctx, GPUMEM_ALL_DEVICES).num_live == 0);
+  if (tu_is_sim()) gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_free_on_the_allocation_stream),
@@ -227,6 +288,7 @@ int main(void) {
       TU_TEST(test_failures_raise_through_on_error),
       TU_TEST(test_bad_param_block),
       TU_TEST(test_process_wide_context),
+      TU_TEST(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
