@@ -121,13 +121,13 @@ def _stream_function() -> Optional[int]:
     capsule = getattr(backends_stream, "__pyx_capi__", {}).get("get_stream_ptr")
     if capsule is None:
         return None
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    # prototypes of our own: ctypes.pythonapi's function objects are shared by the whole process
+    get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
     name = get_name(capsule)
-    # the signature Cython wrote into the capsule: the call below passes one int and reads an intptr_t
-    if name is None or not name.replace(b" ", b"").startswith(b"intptr_t(int"):
+    # the signature Cython wrote into the capsule: the library passes one int and reads an intptr_t
+    if name is None or not name.replace(b" ", b"").startswith(b"intptr_t(int)"):
         return None
     return get_pointer(capsule, name) or None
 

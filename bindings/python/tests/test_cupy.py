@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import types
 
 import pytest
 
@@ -165,3 +166,42 @@ def test_cupy_out_of_memory_is_cupys_and_gpumems():
         print("ok")
         """
     )
+
+
+def test_cupys_stream_function_is_found_through_its_capsule(monkeypatch):
+    # what CuPy exports: cupy_backends.cuda.stream.__pyx_capi__["get_stream_ptr"], a capsule named
+    # after the C signature; here a stand-in module whose function returns stream 0xB0
+    import sys
+
+    new_capsule = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+        ("PyCapsule_New", ctypes.pythonapi))
+    seen = []
+
+    def get_stream_ptr(device):
+        seen.append(device)
+        return 0xB0
+
+    fn = STREAM_OF(get_stream_ptr)
+    names = {}
+
+    def install(sig):
+        names[sig] = ctypes.create_string_buffer(sig)  # the capsule keeps a pointer to its name
+        mod = types.ModuleType("cupy_backends.cuda.stream")
+        mod.__pyx_capi__ = {"get_stream_ptr": new_capsule(ctypes.cast(fn, ctypes.c_void_p), names[sig], None)}
+        for name in ("cupy_backends", "cupy_backends.cuda"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, "cupy_backends.cuda.stream", mod)
+        sys.modules["cupy_backends.cuda"].stream = mod
+
+    install(b"intptr_t (int)")
+    addr = gcupy._stream_function()
+    assert addr == ctypes.cast(fn, ctypes.c_void_p).value
+    malloc, free = _entry_points()
+    with gpumem.Context(backend="sim") as ctx:
+        owner = gcupy._CAllocator(ctx, addr)
+        p = malloc(ctypes.addressof(owner.param), 4096, 0)
+        assert p and seen == [0]
+        free(ctypes.addressof(owner.param), p, 0)
+        assert ctx.stats()["num_live"] == 0
+    install(b"intptr_t (void)")  # another signature: not called with an int
+    assert gcupy._stream_function() is None
