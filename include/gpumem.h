@@ -654,6 +654,65 @@ GPUMEM_API void *gpumem_torch_alloc(size_t size, int device, void *stream);
 /** \brief PyTorch pluggable-allocator free on the process-wide context. Thread-safe. */
 GPUMEM_API void gpumem_torch_free(void *ptr, size_t size, int device, void *stream);
 
+/* ---------------------------------------------------------------------- */
+/* Framework entry points (CuPy CFunctionAllocator)                        */
+
+/**
+ * \brief The parameter block of gpumem_cupy_malloc() and gpumem_cupy_free(): CuPy's
+ *        `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` passes its
+ *        address to both. The caller fills it and keeps it alive and unchanged while
+ *        any memory allocated through it lives.
+ *
+ * The Python members let a failed allocation raise a Python exception in the caller
+ * (CuPy calls the allocator holding the GIL and checks for a pending exception
+ * after it returns): the library holds no Python header and reaches the
+ * interpreter only through these addresses, taken from the running interpreter.
+ */
+typedef struct gpumem_cupy_allocator {
+  uint32_t struct_size; /**< sizeof(gpumem_cupy_allocator). */
+  uint32_t flags;       /**< 0. */
+  gpumem_context *ctx;  /**< context to allocate from; NULL: the process-wide one (gpumem_global_context()). */
+  /** The stream an allocation on `device` is for (CuPy's current stream of that device:
+   *  `cupy_backends.cuda.stream.get_stream_ptr`); NULL: the default stream. A return of
+   *  -1 means it failed and has raised: the allocation returns NULL. */
+  intptr_t (*stream_of)(int device);
+  /** `PyObject_CallFunction` of the interpreter, or NULL (a failure then only returns NULL). */
+  void *(*py_call)(void *callable, const char *format, ...);
+  /** `Py_DecRef` of the interpreter (needed with py_call). */
+  void (*py_decref)(void *obj);
+  /** A Python callable, called as `on_error(size, device, status)` when an allocation
+   *  fails; it raises the exception the caller is to see. */
+  void *on_error;
+} gpumem_cupy_allocator;
+
+/**
+ * \brief CuPy CFunctionAllocator malloc: `size` bytes on `device`, for the stream
+ *        `param->stream_of(device)` returns.
+ *
+ * The block is freed by gpumem_cupy_free() in order on that same stream (CuPy's
+ * free names no stream), as CuPy's own memory pool does.
+ * \param param  a ::gpumem_cupy_allocator.
+ * \param size   bytes (0 gives NULL, no error).
+ * \param device visible device ordinal (CuPy's current device).
+ * \return the pointer; NULL on failure (param NULL or of a wrong struct_size, no
+ *         context, a failed stream_of, or any status of gpumem_alloc(), for
+ *         instance ::GPUMEM_ERR_OUT_OF_MEMORY or ::GPUMEM_ERR_LIMIT_EXCEEDED), after
+ *         `on_error(size, device, status)` has raised where it is set; the status is
+ *         ::GPUMEM_ERR_INVALID_ARGUMENT for a bad param, that of gpumem_global_context()
+ *         when the process-wide context cannot be created, or gpumem_alloc()'s.
+ * Thread-safe.
+ */
+GPUMEM_API void *gpumem_cupy_malloc(void *param, size_t size, int device);
+
+/**
+ * \brief CuPy CFunctionAllocator free: `ptr` from gpumem_cupy_malloc() with the same
+ *        `param`, in order on the stream it was allocated for.
+ *
+ * NULL, or a pointer that is not live in the context, is ignored (gpumem_free() logs
+ * the latter); nothing is raised. Thread-safe.
+ */
+GPUMEM_API void gpumem_cupy_free(void *param, void *ptr, int device);
+
 /**
  * \brief The process-wide context used by gpumem_torch_alloc(), created on first use.
  * \return ::GPUMEM_OK; any status of gpumem_create(). Thread-safe.

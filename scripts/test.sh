@@ -3,7 +3,8 @@
 #   1. installs missing build/test packages (scripts/deps.sh)
 #   2. warnings-as-errors build with every backend that is found (CUDA, HIP, sim),
 #      then every ctest test: C (cmocka), C++, Fortran, Python (pytest), examples
-#      (incl. mpirun -np 2), install + external consumers, backend no-GPU probes
+#      (incl. mpirun -np 2), install + external consumers, the Python package installed by pip
+#      in fresh venvs (scikit-build-core from PyPI), backend no-GPU probes
 #   3. the suite again under ASan+UBSan, and the threaded tests (and a 3 s soak) under TSan;
 #      with clang: the suite under ASan+UBSan+unsigned-integer-overflow, and fuzz_ops
 #      (libFuzzer) for GPUMEM_FUZZ_SECONDS (60) on fuzz/corpus

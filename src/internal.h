@@ -2,7 +2,7 @@
  * internal.h: declarations shared by the files of the libgpumem core.
  *
  * Layers (each file only calls down):
- *   context.c / scope.c / torch.c   public entry points
+ *   context.c / scope.c / torch.c / cupy.c   public entry points
  *   global.c                        the process-wide context (torch.c, the Python binding)
  *   pool.c                          per-device pool: segments, blocks, free indexes, streams, trimming
  *   ptrmap.c                        context-wide pointer index (validates every free), pure look-ups (ptrmap.h)

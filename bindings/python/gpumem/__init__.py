@@ -36,7 +36,27 @@ from .errors import (
 
 from . import sim  # noqa: E402  (sim controls, for tests)
 
-__version__ = "0.1.0"
+
+def _read_version() -> str:
+    # An installed package has _version.py, written by CMake from the repository's
+    # VERSION file; run from the source tree, the package reads that file itself.
+    try:
+        from ._version import __version__ as v  # type: ignore[import-not-found]
+
+        return str(v)
+    except ImportError:
+        pass
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir, "VERSION")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return "0+unknown"
+
+
+__version__ = _read_version()
 
 #: gpumem_log_level values
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF = (

@@ -8,10 +8,10 @@ import threading
 import warnings
 import weakref
 from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import capi
-from .errors import GpumemError, InvalidArgumentError, make_error
+from .errors import GpumemError, InvalidArgumentError, NoBackendError, make_error
 
 __all__ = ["Context", "Buffer", "Scope", "stream_handle", "ALL_DEVICES", "UNLIMITED"]
 
@@ -191,6 +191,37 @@ def _wrap_log(fn: LogCallback):
     return capi.LOG_FN(log)
 
 
+def _no_backend_reason(cfg: "capi.Config", backend: Optional[str]) -> str:
+    """Why gpumem_create found no backend: the library's log lines of a second try, and what it was built with.
+
+    The library says why (no driver, driver too old, no device) only in its log; the
+    second try, with the same configuration, collects those lines instead of printing them.
+    """
+    lines: List[str] = []
+
+    def collect(_user: Optional[int], level: int, msg: Optional[bytes]) -> None:
+        if level >= capi.LOG_WARN and msg:
+            lines.append(msg.decode("utf-8", "replace"))
+
+    log_c = capi.LOG_FN(collect)
+    saved = (cfg.log_callback, cfg.log_level)
+    cfg.log_callback, cfg.log_level = log_c, capi.LOG_WARN
+    out = c_void_p()
+    try:
+        if capi.lib.gpumem_create(byref(cfg), byref(out)) == 0:  # usable now: not for this error
+            capi.lib.gpumem_destroy(out, capi.DESTROY_FORCE)
+    finally:
+        cfg.log_callback, cfg.log_level = saved
+    try:
+        from . import _build_info  # type: ignore[attr-defined]  # written by the package build
+
+        built = "libgpumem built with backends: %s" % ", ".join(_build_info.backends)
+    except ImportError:
+        built = None
+    parts = ["backend %r" % (backend if backend is not None else "auto")] + lines + ([built] if built else [])
+    return "; ".join(parts)
+
+
 class _Unraisable:
     def __init__(self, exc_info, msg: str, obj: Any) -> None:
         self.exc_type, self.exc_value, self.exc_traceback = exc_info
@@ -282,7 +313,10 @@ class Context:
             cfg.log_callback = log_c
             keep += (log_c, log_callback)
         out = c_void_p()
-        _check(capi.lib.gpumem_create(byref(cfg), byref(out)))
+        status = capi.lib.gpumem_create(byref(cfg), byref(out))
+        if status == NoBackendError.STATUS:
+            raise make_error(status, detail=_no_backend_reason(cfg, backend))
+        _check(status)
         self._init_state(_State(int(out.value), True, keep))
 
     @classmethod

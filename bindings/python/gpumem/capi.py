@@ -50,6 +50,7 @@ __all__ = [
     "Stats",
     "Buffer",
     "Backend",
+    "CupyAllocator",
     "builtin_backend",
     "OOM_FN",
     "LOG_FN",
@@ -184,11 +185,27 @@ class Buffer(Structure):
     ]
 
 
+class CupyAllocator(Structure):
+    """``gpumem_cupy_allocator``: the parameter block of ``gpumem_cupy_malloc``/``gpumem_cupy_free``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("ctx", c_void_p),
+        ("stream_of", c_void_p),
+        ("py_call", c_void_p),
+        ("py_decref", c_void_p),
+        ("on_error", c_void_p),
+    ]
+
+
 _BACKEND_METHODS = (
     "init", "shutdown", "device_count", "device_info", "mem_get_info", "malloc", "free",
     "event_create", "event_destroy", "event_record", "event_query", "event_synchronize",
     "stream_synchronize", "device_synchronize", "device_reset", "error_status", "error_string",
     "vm_granularity", "vm_reserve", "vm_release", "vm_create", "vm_destroy", "vm_map", "vm_unmap",
+    "annotate_alloc", "annotate_free",  # version 2
+    "stream_capture",  # version 3
 )
 
 
@@ -352,6 +369,10 @@ _proto("gpumem_reset_peak_stats", _status, [_ctx, c_int])
 _proto("gpumem_torch_alloc", c_void_p, [c_size_t, c_int, c_void_p])
 _proto("gpumem_torch_free", None, [c_void_p, c_size_t, c_int, c_void_p])
 _proto("gpumem_global_context", _status, [POINTER(c_void_p)])
+_proto("gpumem_trace_start", _status, [_ctx, c_char_p], required=False)
+_proto("gpumem_trace_stop", _status, [_ctx], required=False)
+_proto("gpumem_cupy_malloc", c_void_p, [c_void_p, c_size_t, c_int], required=False)
+_proto("gpumem_cupy_free", None, [c_void_p, c_void_p, c_int], required=False)
 _proto("gpumem_builtin_backend", POINTER(Backend), [c_char_p], required=False)
 
 # gpumem/sim.h (always built, but tolerate a library without it)

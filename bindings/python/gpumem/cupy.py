@@ -7,10 +7,11 @@ Usage::
     a = cupy.arange(10**6)                 # allocated by libgpumem on the current device and stream
     print(gpumem.cupy.context().stats())
 
-Each allocation is made on CuPy's current device and current stream through
-the process-wide context and wrapped in ``cupy.cuda.UnownedMemory`` whose
-owner is a :class:`gpumem.Buffer`: when CuPy drops the memory, the buffer is
-freed on the stream it was allocated on. Out of memory (and a request past
+CuPy calls libgpumem from C (``cupy.cuda.memory.CFunctionAllocator`` over
+``gpumem_cupy_malloc``/``gpumem_cupy_free``): each allocation is made on CuPy's
+current device and current stream through the process-wide context, at the
+cost of an allocation from CuPy's own ``MemoryPool``, and when CuPy drops the
+memory it is freed on the stream it was allocated on. Out of memory (and a request past
 the configured limit) raises :class:`OutOfMemoryError` of this module, a
 subclass of both ``cupy.cuda.memory.OutOfMemoryError`` and
 :class:`gpumem.OutOfMemoryError`, so code written for either keeps working.
@@ -18,14 +19,15 @@ subclass of both ``cupy.cuda.memory.OutOfMemoryError`` and
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any, Callable, Optional
 
-from . import errors
+from . import capi, errors
 from ._core import Context
 from ._global import global_context
 
-__all__ = ["enable", "disable", "is_enabled", "context", "allocator", "out_of_memory_error"]
+__all__ = ["enable", "disable", "is_enabled", "context", "allocator", "c_allocator_available", "out_of_memory_error"]
 
 _lock = threading.Lock()
 _previous: Optional[Callable[[int], Any]] = None
@@ -90,13 +92,105 @@ def __getattr__(name: str) -> Any:
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
+def _raise_for(ctx: Context) -> Callable[[int, int, int], None]:
+    """The on_error of the C allocator: raises what a failed allocation of ``size`` on ``device`` means."""
+
+    def on_error(size: int, device: int, status: int) -> None:
+        err = errors.make_error(status, None if ctx.closed else ctx.handle)
+        if isinstance(err, (errors.OutOfMemoryError, errors.LimitExceededError)):
+            try:
+                total = ctx.stats(device)["allocated_bytes"]
+            except errors.GpumemError:
+                total = 0
+            raise out_of_memory_error()(size, total, err.status, err.name, err.message)
+        raise err
+
+    return on_error
+
+
+def _stream_function() -> Optional[int]:
+    """Address of CuPy's C function ``intptr_t get_stream_ptr(int device)`` (its current stream of a device).
+
+    It is ``cupy_backends.cuda.stream.get_stream_ptr``, exported to other Cython modules through
+    the module's ``__pyx_capi__``; None where this CuPy does not export it.
+    """
+    try:
+        from cupy_backends.cuda import stream as backends_stream  # noqa: PLC0415
+    except ImportError:
+        return None
+    capsule = getattr(backends_stream, "__pyx_capi__", {}).get("get_stream_ptr")
+    if capsule is None:
+        return None
+    # prototypes of our own: ctypes.pythonapi's function objects are shared by the whole process
+    get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+    name = get_name(capsule)
+    # the signature Cython wrote into the capsule: the library passes one int and reads an intptr_t
+    if name is None or not name.replace(b" ", b"").startswith(b"intptr_t(int)"):
+        return None
+    return get_pointer(capsule, name) or None
+
+
+class _CAllocator:
+    """Keeps alive what CuPy's CFunctionAllocator points to: the parameter block, the context, on_error."""
+
+    def __init__(self, ctx: Context, stream_fn: int) -> None:
+        self.ctx = ctx
+        self.on_error = _raise_for(ctx)
+        p = capi.CupyAllocator()
+        p.struct_size = ctypes.sizeof(capi.CupyAllocator)
+        p.ctx = ctx.handle
+        p.stream_of = stream_fn
+        p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
+        p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
+        p.on_error = id(self.on_error)  # a borrowed reference: self keeps the function alive
+        self.param = p
+
+
+def c_allocator_available() -> bool:
+    """True when :func:`allocator` gives CuPy the C entry points (the fast path) rather than Python code.
+
+    That needs a libgpumem with ``gpumem_cupy_malloc`` and a CuPy exporting
+    ``cupy_backends.cuda.stream.get_stream_ptr`` (CuPy's current stream, read from C).
+    """
+    _import_cupy()
+    return getattr(capi.lib.gpumem_cupy_malloc, "argtypes", None) is not None and _stream_function() is not None
+
+
 def allocator(ctx: Optional[Context] = None) -> Callable[[int], Any]:
     """Return a CuPy allocator function ``f(nbytes) -> cupy.cuda.MemoryPointer`` on ``ctx``.
 
-    ``ctx`` defaults to the process-wide context.
+    ``ctx`` defaults to the process-wide context. For it, the function is the ``malloc`` of a
+    ``cupy.cuda.memory.CFunctionAllocator`` over ``gpumem_cupy_malloc``/``gpumem_cupy_free``:
+    CuPy calls libgpumem from C, with its current device, and libgpumem reads CuPy's
+    current stream of that device from C, so an allocation costs what one through
+    CuPy's own ``MemoryPool`` costs. The memory is freed on the stream it was allocated
+    for. For a context of your own, and where the C path is not available
+    (:func:`c_allocator_available`), the function is Python code doing the same,
+    slower: each block is a :class:`gpumem.Buffer`, so closing that context
+    while CuPy holds its memory stays safe.
     """
     cupy = _import_cupy()
     ctx = ctx or global_context()
+    stream_fn = _stream_function()
+    # Only a context Python never destroys (the process-wide one) is handed to C: a context of
+    # your own may be closed while CuPy still holds memory, and its Buffers are what keeps that safe.
+    if (stream_fn is not None and not ctx._state.owned
+            and getattr(capi.lib.gpumem_cupy_malloc, "argtypes", None) is not None):
+        owner = _CAllocator(ctx, stream_fn)
+        c_alloc = cupy.cuda.memory.CFunctionAllocator(
+            ctypes.addressof(owner.param),
+            ctypes.cast(capi.lib.gpumem_cupy_malloc, ctypes.c_void_p).value,
+            ctypes.cast(capi.lib.gpumem_cupy_free, ctypes.c_void_p).value,
+            owner,
+        )
+        return c_alloc.malloc
+    return _python_allocator(cupy, ctx)
+
+
+def _python_allocator(cupy: Any, ctx: Context) -> Callable[[int], Any]:
+    """The allocator in Python: a :class:`gpumem.Buffer` wrapped in ``cupy.cuda.UnownedMemory``."""
 
     def gpumem_cupy_alloc(nbytes: int) -> Any:
         device = cupy.cuda.runtime.getDevice()

@@ -17,7 +17,9 @@ from typing import Dict, Optional
 import pytest
 
 PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if PKG_DIR not in sys.path:
+# GPUMEM_TEST_INSTALLED=1: test the gpumem installed in this interpreter (a wheel), not the source tree's
+INSTALLED = bool(os.environ.get("GPUMEM_TEST_INSTALLED"))
+if not INSTALLED and PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
 import gpumem  # noqa: E402
@@ -81,7 +83,12 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None, pythonpath: Opti
                timeout: float = 120) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter with the package and library of this process."""
     e = dict(os.environ)
-    e["PYTHONPATH"] = pythonpath if pythonpath is not None else PKG_DIR
+    if pythonpath is not None:
+        e["PYTHONPATH"] = pythonpath
+    elif INSTALLED:
+        e.pop("PYTHONPATH", None)
+    else:
+        e["PYTHONPATH"] = PKG_DIR
     e.setdefault("GPUMEM_LIBRARY", gpumem.capi.library_path)
     if env:
         for k, v in env.items():

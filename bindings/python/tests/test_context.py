@@ -12,8 +12,19 @@ import gpumem
 from conftest import MiB, run_python, sim_env
 
 
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir)
+
+
 def test_version_and_constants():
-    assert gpumem.__version__ == "0.1.0"
+    # one version, written in VERSION: the package, gpumem.h and CMake's project() read it
+    with open(os.path.join(REPO, "VERSION")) as f:
+        want = f.read().strip()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", want)
+    assert gpumem.__version__ == want
+    with open(os.path.join(REPO, "include", "gpumem.h")) as f:
+        header = f.read()
+    got = ".".join(re.search(r"#define GPUMEM_VERSION_%s (\d+)" % k, header).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
+    assert got == want
     assert gpumem.ALL_DEVICES == -1
     assert gpumem.UNLIMITED == 2**64 - 1
 
@@ -28,6 +39,14 @@ def test_context_manager_closes():
     with pytest.raises(gpumem.InvalidArgumentError):
         c.alloc(16)
     c.close()  # twice is harmless
+
+
+def test_no_backend_error_says_why():
+    # the library's reason (unknown backend, no driver, no device) is in the exception, not only in a log line
+    with pytest.raises(gpumem.NoBackendError) as ei:
+        gpumem.Context(backend="no-such-backend")
+    assert "'no-such-backend'" in str(ei.value)
+    assert "unknown or not built" in ei.value.message
 
 
 def test_backend_name(ctx):

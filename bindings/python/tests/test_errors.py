@@ -182,6 +182,14 @@ def test_busy_low_level_destroy(ctx):
     buf.free()
 
 
+def test_backend_struct_is_the_whole_vtable():
+    # the core copies struct_size bytes of a custom backend: the Python struct must hold them all
+    vt = capi.builtin_backend("sim")
+    if vt is None:
+        pytest.skip("library without gpumem_builtin_backend")
+    assert vt.struct_size == ctypes.sizeof(capi.Backend)
+
+
 def test_not_supported_device_reset_on_backend_without_it():
     vt = capi.builtin_backend("sim")
     if vt is None:
