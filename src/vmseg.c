@@ -29,8 +29,7 @@
 #define CHUNK_MAX_BYTES ((size_t)8 << 20)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16
-/* Moves of idle chunks after which the allowance above the live peak grows by one largest chunk
- * (see fill). A workload whose steady state keeps moving chunks (each move is an unmap and a map,
+/* Moves of idle chunks after which the allowance above the live peak grows (see fill). A workload whose steady state keeps moving chunks (each move is an unmap and a map,
  * on CUDA tens of microseconds, and an unmap waits for the device's page tables) buys its way
  * out with memory; a workload that moves little stays at the peak. Fewer moves per raise buy
  * more memory sooner, more moves per raise leave more moves (figures: docs/internals/HOT-PATH.md). */
@@ -455,7 +454,8 @@ void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta) {
  * of granules instead of two per granule; and below the peak nothing is
  * moved at all. The allowance starts at 0 and grows by one largest chunk
  * every MOVES_PER_RAISE moves: a steady state that keeps moving chunks
- * settles where it needs none. Trimming (gpumem__vm_allowance_reset) and a
+ * settles where it needs none (it grows by 1/128 of the live peak, at least a
+ * granule, at most a largest chunk). Trimming (gpumem__vm_allowance_reset) and a
  * full device set it back to 0. */
 static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
   gpumem__vmpool *vp = vs->vp;
@@ -465,8 +465,12 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   if (limit != 0 && limit < cap) cap = limit;
   if (vp->st->reserved_bytes + add > cap && vp->nidle + vp->spare_gran > 0) {
     if (++vp->moves >= MOVES_PER_RAISE) {
+      /* by 1/128 of the live peak, at least a granule, at most a largest chunk */
+      uint64_t step = vp->st->allocated_peak / 128 / vp->gran;
+      if (step < 1) step = 1;
+      if (step > vp->chunk_max) step = vp->chunk_max;
       vp->moves = 0;
-      vp->allowance += (uint64_t)vp->chunk_max * vp->gran;
+      vp->allowance += step * vp->gran;
     }
     /* a spare chunk that fits */
     for (size_t k = 0; k < vp->nspare; k++) {
