@@ -113,10 +113,6 @@ static void graph_drop(gpumem__pool *p, void *ctx) { gpumem__monitor_drop((gpume
 gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   if (ctx == NULL || (flags & ~GPUMEM_DESTROY_FORCE) != 0) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
-  for (int d = 0; d < ctx->ndev; d++) { /* no watcher flushes caches from here on (one restarts if BUSY) */
-    gpumem__pool *p = pool_get(ctx, d);
-    if (p != NULL) gpumem__pool_share_stop(p);
-  }
   if (ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1); /* every thread's cached blocks back to the pools */
   uint64_t count = 0, bytes = 0;
   gpumem__leak first[GPUMEM__LEAK_MAX];

@@ -253,8 +253,6 @@ void gpumem__pool_tc_peak(gpumem__pool *pool, gpumem__tc_acct *acct);
 gpumem__mutex *gpumem__pool_mutex(gpumem__pool *pool);
 gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *pool);
 gpumem_status gpumem__pool_trim(gpumem__pool *pool, uint64_t keep_bytes, uint64_t *released);
-/** share.c: stop the pool's watcher thread and wait for it (gpumem_destroy; it restarts when needed). */
-void gpumem__pool_share_stop(gpumem__pool *pool);
 gpumem_status gpumem__pool_reset(gpumem__pool *pool);
 void gpumem__pool_get_stats(gpumem__pool *pool, gpumem_stats *st);
 void gpumem__pool_reset_peaks(gpumem__pool *pool);

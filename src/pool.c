@@ -192,7 +192,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
   int rcls = rsize <= GPUMEM__SMALL_MAX ? CLS_SMALL : CLS_LARGE;
   gpumem_context *ctx = p->ctx;
 
-  int asked = 0; /* the shared group was asked for memory (share.c) */
+  int asks = 0; /* rounds of asking the shared group for memory (share.c): again while each brings some */
   for (int attempt = 0;; attempt++) {
     gpumem_status st;
     gpumem__block *b = NULL;
@@ -257,11 +257,12 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
           p->device, size, (unsigned long long)p->limit);
       return st;
     }
-    if (st == GPUMEM_ERR_OUT_OF_MEMORY && attempt == 0 && !asked && p->share != NULL) {
-      /* before the callback: the other members of the shared group give back cached memory (share.c) */
-      asked = 1;
+    if (st == GPUMEM_ERR_OUT_OF_MEMORY && attempt == 0 && asks < GPUMEM__SHARE_ROUNDS && p->share != NULL) {
+      /* before the callback: the other members of the shared group give back cached memory (share.c);
+       * another process may take it first, so a round that brought memory may be followed by another */
       gpumem__mutex_unlock(&p->lock);
-      if (gpumem__share_ask(p, p->share, rsize)) {
+      asks = gpumem__share_ask(p, p->share, rsize) ? asks + 1 : GPUMEM__SHARE_ROUNDS;
+      if (asks < GPUMEM__SHARE_ROUNDS) {
         attempt = -1; /* a fresh first attempt */
         continue;
       }
@@ -361,6 +362,7 @@ void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream st
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
   gpumem__mutex_unlock(&p->lock);
 }
 
@@ -675,8 +677,7 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
 
 void gpumem__pool_destroy(gpumem__pool *p) {
   if (p == NULL) return;
-  gpumem__share_leave(p->share); /* the watcher stops before the pool goes */
-  p->share = NULL;
+  gpumem__share_stop(p->share); /* the watcher stops before the pool goes; the entry stays until its memory is back */
   gpumem__mutex_lock(&p->lock);
   if (p->segs != NULL) (void)gpumem__be_device_synchronize(p->ctx, p->device);
   if (pool_clear_locked(p) != GPUMEM_OK) {
@@ -699,6 +700,8 @@ void gpumem__pool_destroy(gpumem__pool *p) {
     }
   }
   gpumem__mutex_unlock(&p->lock);
+  gpumem__share_leave(p->share);
+  p->share = NULL;
   free(p->stab);
   free(p->evcache);
   free(p->ready);

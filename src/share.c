@@ -60,7 +60,8 @@ typedef struct led_slot {
   _Atomic uint64_t start;     /* the owner's start time (/proc/PID/stat field 22) */
   _Atomic uint32_t ask;       /* futex: requests made of this member */
   _Atomic uint32_t answer;    /* futex: the value of ask it last answered */
-  _Atomic uint32_t listening; /* 1 while its thread answers */
+  _Atomic uint32_t listening; /* 1 while its thread answers; 2 while its pool is being destroyed (all its
+                               * memory is on its way back: a requester waits for the entry to go) */
   _Atomic uint32_t pad_;
   _Atomic uint64_t ask_bytes; /* the largest request not yet answered */
   _Atomic uint64_t reserved, cached, live;
@@ -281,6 +282,14 @@ static void publish(gpumem__pshare *ps) {
   atomic_store_explicit(&s->heartbeat_ms, now_ms(), memory_order_relaxed);
 }
 
+void gpumem__share_figures(gpumem__pool *p, gpumem__pshare *ps) {
+  if (ps->L == NULL) return;
+  led_slot *s = &ps->L->slots[ps->slot];
+  atomic_store_explicit(&s->reserved, p->st.reserved_bytes, memory_order_relaxed);
+  atomic_store_explicit(&s->cached, cached_bytes(p), memory_order_relaxed);
+  atomic_store_explicit(&s->live, p->st.allocated_bytes, memory_order_relaxed);
+}
+
 /* Asked: give back up to `bytes` of cached memory, then answer `seq`. */
 static void answer(gpumem__pshare *ps, uint32_t seq) {
   gpumem__pool *p = ps->p;
@@ -315,7 +324,9 @@ static int tick(gpumem__pshare *ps) {
   gpumem__mutex_lock(&p->lock);
   gpumem__check_free_fraction(p);
   publish(ps);
-  int idle = cached_bytes(p) == 0;
+  /* (a thread cache keyed to the pool may hold free blocks: they count as live for the pool, and an
+   * answer flushes them, so the thread stays while one is keyed) */
+  int idle = cached_bytes(p) == 0 && atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) == 0;
   if (idle) {
     p->watching = 0;
     if (ps->L != NULL) atomic_store_explicit(&ps->L->slots[ps->slot].listening, 0, memory_order_release);
@@ -346,8 +357,7 @@ static void *watcher(void *arg) {
     }
     futex_wait(word, seen, interval != 0 ? (uint32_t)(next - t) : timeout);
   }
-  if (ps->L != NULL) atomic_store_explicit(&ps->L->slots[ps->slot].listening, 0, memory_order_release);
-  return NULL;
+  return NULL; /* (stopped: share_stop said listening 2) */
 }
 
 /* Join an ended (or stopping) thread. jlock held. */
@@ -384,6 +394,7 @@ void gpumem__share_note_slow(gpumem__pool *p, gpumem__pshare *ps) {
 
 void gpumem__share_stop(gpumem__pshare *ps) {
   if (ps == NULL) return;
+  if (ps->L != NULL) atomic_store_explicit(&ps->L->slots[ps->slot].listening, 2, memory_order_release);
   gpumem__mutex_lock(&ps->jlock);
   if (ps->thr_made) {
     atomic_store_explicit(&ps->stop, 1, memory_order_release);
@@ -405,8 +416,6 @@ void gpumem__share_stop(gpumem__pshare *ps) {
   gpumem__mutex_unlock(&ps->p->lock);
   gpumem__mutex_unlock(&ps->jlock);
 }
-
-void gpumem__pool_share_stop(gpumem__pool *p) { gpumem__share_stop(p->share); }
 
 gpumem__pshare *gpumem__share_join(gpumem__pool *p, const gpumem_backend_device_info *info) {
   gpumem_context *ctx = p->ctx;
@@ -483,6 +492,7 @@ void gpumem__share_leave(gpumem__pshare *ps) {
     atomic_store(&s->cached, 0);
     atomic_store(&s->live, 0);
     atomic_store_explicit(&s->owner, 0, memory_order_release);
+    futex_wake(&s->answer); /* requesters waiting for its memory */
     munmap(ps->L, sizeof(led));
   }
   gpumem__mutex_destroy(&ps->jlock);
@@ -496,8 +506,8 @@ typedef struct target {
   int slot;
   int32_t pid;
   uint32_t seq;
-  uint64_t given0;
-  int done;
+  uint64_t given0;   /* its given bytes when asked; a leaving member: its reserved bytes */
+  int done, leaving;
 } target;
 
 /* Ask every listening member of L but `self` (a slot, or -1) for `bytes`, wait until `deadline`.
@@ -511,7 +521,13 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
     int32_t pid = slot_live(L, i);
     if (pid == 0) continue;
     led_slot *s = &L->slots[i];
-    if (atomic_load_explicit(&s->listening, memory_order_acquire) != 1) continue;
+    uint32_t lis = atomic_load_explicit(&s->listening, memory_order_acquire);
+    if (lis == 2 && atomic_load(&s->reserved) > 0) { /* destroying: wait for its memory */
+      t[n] = (target){i, pid, 0, atomic_load(&s->reserved), 0, 1};
+      n++;
+      continue;
+    }
+    if (lis != 1) continue;
     uint64_t cur = atomic_load(&s->ask_bytes);
     while (cur < bytes && !atomic_compare_exchange_weak(&s->ask_bytes, &cur, bytes)) {
     }
@@ -520,6 +536,7 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
     t[n].given0 = atomic_load(&s->given);
     t[n].seq = atomic_fetch_add_explicit(&s->ask, 1, memory_order_acq_rel) + 1u;
     t[n].done = 0;
+    t[n].leaving = 0;
     futex_wake(&s->ask);
     n++;
   }
@@ -529,7 +546,15 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
       if (t[k].done) continue;
       led_slot *s = &L->slots[t[k].slot];
       uint32_t a = atomic_load_explicit(&s->answer, memory_order_acquire);
-      if ((int32_t)(a - t[k].seq) >= 0) {
+      if (t[k].leaving) {
+        if (slot_live(L, t[k].slot) != t[k].pid) { /* gone, its memory with it */
+          *given = sat_add(*given, t[k].given0);
+          (*answered)++;
+          t[k].done = 1;
+          left--;
+          continue;
+        }
+      } else if ((int32_t)(a - t[k].seq) >= 0) {
         uint64_t g = atomic_load(&s->given);
         *given = sat_add(*given, g >= t[k].given0 ? g - t[k].given0 : 0);
         (*answered)++;
@@ -537,7 +562,12 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
         left--;
         continue;
       }
-      if (slot_live(L, t[k].slot) != t[k].pid || atomic_load(&s->listening) != 1) {
+      if (!t[k].leaving && slot_live(L, t[k].slot) == t[k].pid && atomic_load(&s->listening) == 2) {
+        t[k].leaving = 1; /* its pool is being destroyed: its memory comes back when the entry goes */
+        t[k].given0 = atomic_load(&s->reserved);
+        continue;
+      }
+      if (!t[k].leaving && (slot_live(L, t[k].slot) != t[k].pid || atomic_load(&s->listening) != 1)) {
         t[k].done = 1; /* died or stopped listening: nothing comes from it */
         left--;
         continue;
