@@ -301,8 +301,9 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 static void sim__atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
 static void sim__atfork_release(void) { pthread_mutex_unlock(&g_lock); }
+static void sim__sh_fork_child(void);
 static void sim__atfork_child(void) {
-  g_sh_slot = -1; /* the parent's entry in the shared accounting is the parent's: the child publishes nothing there */
+  sim__sh_fork_child();
   pthread_mutex_unlock(&g_lock);
 }
 static void sim__atfork_register(void) {
@@ -610,6 +611,35 @@ static int sim__read_env(sim_config *cfg) {
   return cfg->nvis ? 0 : GPUMEM_SIM_ERR_NO_DEVICE;
 }
 
+/* Take an entry of the shared accounting for this process (g_sh mapped). 0, or -1 when all are taken. */
+static int sim__sh_claim(void) {
+  sim__sh_lock();
+  int32_t self = (int32_t)getpid();
+  int slot = -1;
+  for (int i = 0; i < SIM_SH_PROCS && slot < 0; i++) {
+    sim_sh_proc *pr = &g_sh->procs[i];
+    if (pr->pid != 0 && sim__proc_dead(pr->pid, pr->start)) pr->pid = 0;
+    if (pr->pid == 0) slot = i;
+  }
+  if (slot >= 0) {
+    sim_sh_proc *pr = &g_sh->procs[slot];
+    pr->pid = self;
+    pr->start = sim__proc_start(self);
+    for (int k = 0; k < SIM_MAX_DEVICES; k++) atomic_store(&pr->used[k], 0);
+  }
+  sim__sh_unlock();
+  g_sh_slot = slot;
+  return slot >= 0 ? 0 : -1;
+}
+
+/* In a fork's child (g_lock held): the memory the child inherited the records of is the parent's,
+ * accounted in the parent's entry; the child starts with nothing charged, in an entry of its own. */
+static void sim__sh_fork_child(void) {
+  if (!g_sh) return;
+  for (int i = 0; i < g.ndev; i++) g.dev[i].used = 0;
+  if (sim__sh_claim() != 0) g_sh_slot = -1;
+}
+
 /* Map (creating it if new) the shared accounting of cfg->shared and take an entry. 0 or an error code. g_lock held. */
 static int sim__sh_open(const sim_config *cfg) {
   char name[96];
@@ -673,28 +703,11 @@ static int sim__sh_open(const sim_config *cfg) {
     }
   }
   g_sh = sh;
-  sim__sh_lock();
-  int32_t self = (int32_t)getpid();
-  int slot = -1;
-  for (int i = 0; i < SIM_SH_PROCS && slot < 0; i++) {
-    sim_sh_proc *pr = &sh->procs[i];
-    if (pr->pid != 0 && pr->pid != self && sim__proc_dead(pr->pid, pr->start)) pr->pid = 0;
-    if (pr->pid == 0 || pr->pid == self) slot = i; /* (an entry of ours: a fork's parent entry is not reused, see below) */
-    if (slot >= 0 && pr->pid == self && pr->start != sim__proc_start(self)) slot = -1;
-  }
-  if (slot >= 0) {
-    sim_sh_proc *pr = &sh->procs[slot];
-    pr->pid = self;
-    pr->start = sim__proc_start(self);
-    for (int k = 0; k < SIM_MAX_DEVICES; k++) atomic_store(&pr->used[k], 0);
-  }
-  sim__sh_unlock();
-  if (slot < 0) {
+  if (sim__sh_claim() != 0) {
     munmap(sh, sizeof(sim_sh));
     g_sh = NULL;
     return GPUMEM_SIM_ERR_OUT_OF_MEMORY; /* SIM_SH_PROCS processes share it already */
   }
-  g_sh_slot = slot;
   return 0;
 }
 
