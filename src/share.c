@@ -506,7 +506,8 @@ typedef struct target {
   int slot;
   int32_t pid;
   uint32_t seq;
-  uint64_t given0;   /* its given bytes when asked; a leaving member: its reserved bytes */
+  uint64_t given0;   /* its given bytes when asked */
+  uint64_t held;     /* its reserved bytes when asked (or when seen leaving): what comes back if it goes */
   int done, leaving;
 } target;
 
@@ -523,7 +524,7 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
     led_slot *s = &L->slots[i];
     uint32_t lis = atomic_load_explicit(&s->listening, memory_order_acquire);
     if (lis == 2 && atomic_load(&s->reserved) > 0) { /* destroying: wait for its memory */
-      t[n] = (target){i, pid, 0, atomic_load(&s->reserved), 0, 1};
+      t[n] = (target){i, pid, 0, 0, atomic_load(&s->reserved), 0, 1};
       n++;
       continue;
     }
@@ -535,6 +536,7 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
     t[n].pid = pid;
     t[n].given0 = atomic_load(&s->given);
     t[n].seq = atomic_fetch_add_explicit(&s->ask, 1, memory_order_acq_rel) + 1u;
+    t[n].held = atomic_load(&s->reserved);
     t[n].done = 0;
     t[n].leaving = 0;
     futex_wake(&s->ask);
@@ -546,15 +548,15 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
       if (t[k].done) continue;
       led_slot *s = &L->slots[t[k].slot];
       uint32_t a = atomic_load_explicit(&s->answer, memory_order_acquire);
-      if (t[k].leaving) {
-        if (slot_live(L, t[k].slot) != t[k].pid) { /* gone, its memory with it */
-          *given = sat_add(*given, t[k].given0);
-          (*answered)++;
-          t[k].done = 1;
-          left--;
-          continue;
-        }
-      } else if ((int32_t)(a - t[k].seq) >= 0) {
+      if (slot_live(L, t[k].slot) != t[k].pid) {
+        /* gone (its pool destroyed, or its process dead): its memory went back with it */
+        *given = sat_add(*given, t[k].held);
+        if (t[k].leaving) (*answered)++;
+        t[k].done = 1;
+        left--;
+        continue;
+      }
+      if (!t[k].leaving && (int32_t)(a - t[k].seq) >= 0) {
         uint64_t g = atomic_load(&s->given);
         *given = sat_add(*given, g >= t[k].given0 ? g - t[k].given0 : 0);
         (*answered)++;
@@ -562,13 +564,14 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
         left--;
         continue;
       }
-      if (!t[k].leaving && slot_live(L, t[k].slot) == t[k].pid && atomic_load(&s->listening) == 2) {
+      uint32_t lis = atomic_load(&s->listening);
+      if (!t[k].leaving && lis == 2) {
         t[k].leaving = 1; /* its pool is being destroyed: its memory comes back when the entry goes */
-        t[k].given0 = atomic_load(&s->reserved);
+        t[k].held = atomic_load(&s->reserved);
         continue;
       }
-      if (!t[k].leaving && (slot_live(L, t[k].slot) != t[k].pid || atomic_load(&s->listening) != 1)) {
-        t[k].done = 1; /* died or stopped listening: nothing comes from it */
+      if (!t[k].leaving && lis != 1) {
+        t[k].done = 1; /* stopped listening (it holds no cached memory): nothing comes from it */
         left--;
         continue;
       }
@@ -601,7 +604,10 @@ int gpumem__share_ask(gpumem__pool *p, gpumem__pshare *ps, size_t rsize) {
       "device %d: asked %d member(s) of the shared group \"%s\" for %llu bytes: %zu answered in %llu ms, %llu bytes "
       "given back", p->device, n, ps->group, (unsigned long long)lack, answered,
       (unsigned long long)(now_ms() - t0), (unsigned long long)given);
-  return given > 0;
+  if (given > 0) return 1;
+  /* nothing given, but memory may have come back meanwhile (a member's own trim, one that left): retry
+   * when the device now has room */
+  return gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) == GPUMEM_OK && fr >= want;
 }
 
 void gpumem__share_describe(gpumem__pshare *ps, char *buf, size_t cap) {

@@ -154,10 +154,12 @@ static void test_garbage_entries(void **state) {
     for (size_t i = head; i < size; i++) m[i] = (unsigned char)rand_r(&seed);
     if (round % 4 == 1) {
       /* an entry that names a live process that is no member (our parent): it never answers */
-      uint64_t owner = (uint64_t)getppid() << 1;
-      memcpy(m + head, &owner, sizeof owner);
+      uint64_t owner = (uint64_t)getppid() << 1, start = 0; /* (start 0: unknown, not taken as another process) */
+      unsigned char *e = m + head + 128; /* entry 1 (entry 0 is this context's) */
+      memcpy(e, &owner, sizeof owner);
+      memcpy(e + 8, &start, sizeof start);
       uint32_t one = 1;
-      memcpy(m + head + 8 + 8 + 4 + 4, &one, sizeof one); /* listening */
+      memcpy(e + 8 + 8 + 4 + 4, &one, sizeof one); /* listening */
     }
     (void)members(ctx);
     void *p[40];
