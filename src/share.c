@@ -322,6 +322,7 @@ static void answer(gpumem__pshare *ps, uint32_t seq) {
 static int tick(gpumem__pshare *ps) {
   gpumem__pool *p = ps->p;
   gpumem__mutex_lock(&p->lock);
+  guard_ctx(p, NULL, 0, 1); /* as a trim: no stream of its own, it may wait for the device */
   gpumem__check_free_fraction(p);
   publish(ps);
   /* (a thread cache keyed to the pool may hold free blocks: they count as live for the pool, and an
