@@ -4,7 +4,7 @@
  * live blocks is asked and the request is refused once it has answered; a killed holder is
  * cleaned and its memory comes back; an idle process's watcher gives its cache back when another
  * program fills the device (no call of its own); sharing off is the control; eight processes
- * with random bursts whose total live memory stays within the capacity.
+ * with random bursts whose total live memory stays within the capacity (at most 704 MiB live of 1 GiB).
  *
  * Every case names its own simulated machine (GPUMEM_SIM_SHARED=t<pid>-<case>), so its ledger and
  * device accounting are its own, and removes both at the end. The holders are this program
@@ -422,7 +422,7 @@ static unsigned long bursts(const char *share) {
   char seeds[8][16];
   for (int i = 0; i < 8; i++) {
     snprintf(seeds[i], sizeof seeds[i], "%d", 1234 + 77 * i);
-    c[i] = spawn((const char *const[]){"burst", seeds[i], "150", "768", NULL},
+    c[i] = spawn((const char *const[]){"burst", seeds[i], "150", "704", NULL},
                  (const char *const[]){env_share, NULL});
   }
   usleep(100000);
