@@ -155,6 +155,9 @@ typedef struct gpumem_config {
   void *log_user;              /**< user data for `log_callback` */
   gpumem_log_level log_level;  /**< minimum level logged; default ::GPUMEM_LOG_WARN; env GPUMEM_LOG (debug|info|warn|error|off, to stderr) */
   int expandable; /**< 1: expandable virtual-memory segments where the backend supports them (default), 0: plain segments; env GPUMEM_EXPANDABLE */
+  const char *share;           /**< shared GPUs: "user" (NULL, the default: this user's processes on the same GPU cooperate), "off", or a group name (letters, digits, `.`, `_`, `-`; at most 48); env GPUMEM_SHARE */
+  uint32_t share_wait_ms;      /**< how long an allocation that found no device memory waits for the other members of its group to give cached memory back; default 300; env GPUMEM_SHARE_WAIT_MS */
+  uint32_t watch_interval_ms;  /**< at most this often the free-memory check (trim_free_fraction) runs on calls that do not grow a pool, and a watcher thread runs it while the process holds cached memory; 0 = neither; default 200; env GPUMEM_WATCH_MS */
 } gpumem_config;
 
 /**
@@ -196,6 +199,9 @@ typedef struct gpumem_stats {
   uint64_t num_ooms;           /**< allocations that failed with out-of-memory */
   uint64_t requested_bytes;    /**< bytes asked for by live allocations (unrounded) */
   uint64_t num_limit_exceeded; /**< allocations refused by limit_bytes / limit_fraction */
+  uint64_t num_share_asks;     /**< allocations that asked the other members of the shared group for memory */
+  uint64_t num_share_asked;    /**< requests of other members (or of `gpumem-info --trim`) this process answered */
+  uint64_t share_given_bytes;  /**< bytes of cached memory this process gave back when asked */
 } gpumem_stats;
 
 /* ---------------------------------------------------------------------- */
@@ -598,6 +604,73 @@ typedef enum gpumem_stats_format_kind {
  */
 GPUMEM_API gpumem_status gpumem_stats_format(gpumem_context *ctx, int device, gpumem_stats_format_kind format,
                                              char *buf, size_t len, size_t *needed);
+
+/* ---------------------------------------------------------------------- */
+/* Shared GPUs                                                             */
+
+/**
+ * \brief One member of a shared group on a GPU, as gpumem_share_members() reports it.
+ *
+ * Versioned by `struct_size`: set it to sizeof(gpumem_share_member) in the first element (0 is taken
+ * as the current size). The figures are those the member last published: at its pool's growth, its
+ * trims, when it answered a request, and at every tick of its watcher.
+ */
+typedef struct gpumem_share_member {
+  uint32_t struct_size;    /**< set by the caller (in the first element of the array) */
+  int pid;                 /**< the member's process id */
+  char command[32];        /**< its command name (/proc/PID/comm), printable characters only */
+  char group[64];          /**< the group: "user" or the name given by gpumem_config::share */
+  uint64_t reserved_bytes; /**< bytes it holds from the device */
+  uint64_t cached_bytes;   /**< of them, cached (not in live blocks): what it gives back when asked */
+  uint64_t live_bytes;     /**< of them, in live blocks */
+  uint64_t asked;          /**< its num_share_asks */
+  uint64_t was_asked;      /**< its num_share_asked */
+  uint64_t given_bytes;    /**< its share_given_bytes */
+  int listening;           /**< 1 while its thread answers requests (it holds cached memory) */
+  int self;                /**< 1 for a member of the calling context */
+} gpumem_share_member;
+
+/**
+ * \brief The members of every shared group of the calling user on the GPU of `device`.
+ *
+ * Groups are found by the GPU's UUID: every context of the same user that uses this physical GPU
+ * with sharing on (gpumem_config::share not "off") is a member while it has a pool there. Members
+ * whose process died are cleaned away, never listed. Ledgers of another user, or with contents that
+ * make no sense, are skipped (logged at WARN).
+ * \param ctx     context (any backend; the GPU is the one its `device` is).
+ * \param device  a device of ctx.
+ * \param out     receives up to `max` members; may be NULL when `max` is 0.
+ * \param max     capacity of `out`.
+ * \param count   receives how many members there are (may be more than `max`).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx or count NULL, out NULL with max > 0, bad
+ *         struct_size); ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NOT_SUPPORTED (the device is this
+ *         process's alone, as a simulated device without `GPUMEM_SIM_SHARED`: it has no group);
+ *         ::GPUMEM_ERR_BACKEND.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_share_members(gpumem_context *ctx, int device, gpumem_share_member *out, size_t max,
+                                              size_t *count);
+
+/**
+ * \brief Ask every member of the calling user's groups on the GPU of `device` to give cached memory back now.
+ *
+ * Each member (but the calling context's own) gives back up to `bytes` of its cached memory (never a
+ * live block, never memory of a graph pool) and answers; the call waits until every member has
+ * answered or `wait_ms` has passed. This is `gpumem-info --trim`: it frees a GPU for another job
+ * without stopping any process.
+ * \param ctx     context.
+ * \param device  a device of ctx.
+ * \param bytes   bytes asked of each member; ::GPUMEM_UNLIMITED: all its cached memory.
+ * \param wait_ms longest wait for the answers.
+ * \param given   receives the bytes the members report they gave back; may be NULL.
+ * \param answered receives how many members answered in time; may be NULL.
+ * \return ::GPUMEM_OK (also when there is no member); ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL);
+ *         ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NOT_SUPPORTED (the device is this process's alone);
+ *         ::GPUMEM_ERR_BACKEND.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_share_reclaim(gpumem_context *ctx, int device, uint64_t bytes, uint32_t wait_ms,
+                                              uint64_t *given, size_t *answered);
 
 /* ---------------------------------------------------------------------- */
 /* Allocation traces                                                       */

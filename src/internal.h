@@ -79,6 +79,9 @@ typedef struct gpumem__options {
   gpumem__logger log;
   uint32_t flags;
   int expandable;                /* 1: expandable virtual-memory segments where supported */
+  char share[64];                /* "user", "off" or a group name (share.c) */
+  uint32_t share_wait_ms;
+  uint32_t watch_interval_ms;    /* 0: no watcher, no periodic free-memory check */
 } gpumem__options;
 
 /** Kinds of option value (how the environment string is parsed). */
@@ -89,7 +92,9 @@ typedef enum gpumem__opt_kind {
   GPUMEM__OPT_BYTES,      /* bytes only */
   GPUMEM__OPT_FRACTION,   /* a finite number in [0, 1] */
   GPUMEM__OPT_LOG_LEVEL,  /* debug|info|warn|error|off */
-  GPUMEM__OPT_BOOL        /* 1|0, on|off, true|false, yes|no (an int) */
+  GPUMEM__OPT_BOOL,       /* 1|0, on|off, true|false, yes|no (an int) */
+  GPUMEM__OPT_SHARE,      /* user|off|a group name (char[64]; the config's member is a string, NULL = user) */
+  GPUMEM__OPT_MS          /* milliseconds, 0 .. 86400000, an optional "ms" or "s" suffix (a uint32_t) */
 } gpumem__opt_kind;
 
 /** One row of the option table (the single place that names options, env vars and defaults). */
@@ -113,6 +118,8 @@ uint64_t gpumem__options_limit(const gpumem__options *opt, uint64_t total);
 
 /** Parse a byte count ("64MiB", "1.5G", "4096"); allow_inf: accept unlimited/inf (-> UINT64_MAX). 0 on success. */
 int gpumem__parse_bytes(const char *s, int allow_inf, uint64_t *out);
+/** A group name for gpumem_config::share: 1..48 letters, digits, ".", "_" or "-". */
+int gpumem__share_name_ok(const char *s);
 
 /* ---------------------------------------------------------------------- */
 /* backend.c: the only caller of the vtable                                */

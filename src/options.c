@@ -41,6 +41,12 @@ static const gpumem__option_desc gpumem__options_tab[] = {
                     "debug, info, warn, error or off; when set, messages go to stderr unless a log callback is installed"),
     GPUMEM__OPT(expandable, "GPUMEM_EXPANDABLE", GPUMEM__OPT_BOOL, "1",
                 "1: expandable virtual-memory segments (physical chunks mapped on demand) where the backend supports them; 0: plain segments"),
+    GPUMEM__OPT(share, "GPUMEM_SHARE", GPUMEM__OPT_SHARE, "user",
+                "shared GPUs: user (this user's processes on the same GPU give each other cached memory), off, or a group name"),
+    GPUMEM__OPT(share_wait_ms, "GPUMEM_SHARE_WAIT_MS", GPUMEM__OPT_MS, "300",
+                "milliseconds an allocation that found no device memory waits for the group's members to give cached memory back"),
+    GPUMEM__OPT(watch_interval_ms, "GPUMEM_WATCH_MS", GPUMEM__OPT_MS, "200",
+                "milliseconds between free-memory checks while no pool grows (calls and a watcher thread); 0 = none"),
 };
 
 const gpumem__option_desc *gpumem__options_table(size_t *count) {
@@ -155,6 +161,45 @@ static int parse_bool(const char *s, int *out) {
   return -1;
 }
 
+/* A group name: letters, digits, '.', '_', '-' (it becomes part of a shared-memory object's name). */
+int gpumem__share_name_ok(const char *s) {
+  size_t n = 0;
+  for (; s[n] != '\0'; n++) {
+    char c = s[n];
+    if (!(isalnum((unsigned char)c) || c == '.' || c == '_' || c == '-')) return 0;
+    if (n >= 48) return 0;
+  }
+  return n > 0;
+}
+
+static int parse_share(const char *s, char out[64]) {
+  char buf[64];
+  if (s == NULL || trimmed(s, buf, sizeof buf) != 0 || !gpumem__share_name_ok(buf)) return -1;
+  if (strcasecmp(buf, "user") == 0) memcpy(buf, "user", 5);
+  else if (strcasecmp(buf, "off") == 0 || strcmp(buf, "0") == 0 || strcasecmp(buf, "none") == 0) memcpy(buf, "off", 4);
+  memcpy(out, buf, sizeof buf);
+  return 0;
+}
+
+static int parse_ms(const char *s, uint32_t *out) {
+  char buf[32];
+  if (s == NULL || trimmed(s, buf, sizeof buf) != 0 || !isdigit((unsigned char)buf[0])) return -1;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(buf, &end, 10);
+  if (errno == ERANGE) return -1;
+  const char *u = skip_ws(end);
+  if (strcasecmp(u, "s") == 0) {
+    if (v > 86400ull) return -1;
+    v *= 1000ull;
+  } else if (*u != '\0' && strcasecmp(u, "ms") != 0) {
+    return -1;
+  }
+  if (v > 86400000ull) return -1;
+  *out = (uint32_t)v;
+  return 0;
+}
+
 static int parse_log_level(const char *s, gpumem_log_level *out) {
   char buf[32];
   if (s == NULL || trimmed(s, buf, sizeof buf) != 0) return -1;
@@ -221,6 +266,13 @@ static int parse_option(const gpumem__option_desc *d, const char *text, void *ds
       memcpy(dst, &v, sizeof v);
       return 0;
     }
+    case GPUMEM__OPT_SHARE: return parse_share(text, dst);
+    case GPUMEM__OPT_MS: {
+      uint32_t v;
+      if (parse_ms(text, &v) != 0) return -1;
+      memcpy(dst, &v, sizeof v);
+      return 0;
+    }
   }
   return -1;
 }
@@ -234,6 +286,8 @@ static const char *kind_expect(gpumem__opt_kind k) {
     case GPUMEM__OPT_FRACTION: return "a number between 0 and 1";
     case GPUMEM__OPT_LOG_LEVEL: return "one of debug, info, warn, error, off";
     case GPUMEM__OPT_BOOL: return "1 or 0 (on/off, true/false, yes/no)";
+    case GPUMEM__OPT_SHARE: return "user, off, or a group name (letters, digits, '.', '_', '-'; at most 48)";
+    case GPUMEM__OPT_MS: return "milliseconds (e.g. 250, 250ms, 2s; at most a day)";
   }
   return "?";
 }
@@ -249,7 +303,7 @@ void gpumem_config_init(gpumem_config *cfg) {
   const gpumem__option_desc *tab = gpumem__options_table(&n);
   for (size_t i = 0; i < n; i++) {
     const gpumem__option_desc *d = &tab[i];
-    if (d->kind == GPUMEM__OPT_STRING) continue; /* backend NULL means "auto" */
+    if (d->kind == GPUMEM__OPT_STRING || d->kind == GPUMEM__OPT_SHARE) continue; /* NULL: "auto", "user" */
     (void)parse_option(d, d->default_text, (char *)cfg + d->cfg_offset);
   }
 }
@@ -281,6 +335,9 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     GPUMEM__TAKE(log_user);
     GPUMEM__TAKE(log_level);
     GPUMEM__TAKE(expandable);
+    GPUMEM__TAKE(share);
+    GPUMEM__TAKE(share_wait_ms);
+    GPUMEM__TAKE(watch_interval_ms);
 #undef GPUMEM__TAKE
   }
 
@@ -325,6 +382,18 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
   o.oom_user = cfg.oom_user;
   o.flags = cfg.flags;
   o.expandable = cfg.expandable != 0;
+  if (parse_share(cfg.share != NULL ? cfg.share : "user", o.share) != 0) {
+    gpumem__log(&o.log, GPUMEM_LOG_WARN,
+                "gpumem_config.share \"%.64s\" is invalid: expected user, off, or a group name (letters, digits, "
+                "'.', '_', '-'; at most 48)", cfg.share);
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  if (cfg.share_wait_ms > 86400000u || cfg.watch_interval_ms > 86400000u) {
+    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.share_wait_ms and watch_interval_ms must be at most a day");
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
+  o.share_wait_ms = cfg.share_wait_ms;
+  o.watch_interval_ms = cfg.watch_interval_ms;
 
   if ((cfg.flags & GPUMEM_CONFIG_NO_ENV) == 0) {
     size_t n;

@@ -192,6 +192,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
   int rcls = rsize <= GPUMEM__SMALL_MAX ? CLS_SMALL : CLS_LARGE;
   gpumem_context *ctx = p->ctx;
 
+  int asks = 0; /* rounds of asking the shared group for memory (share.c): again while each brings some */
   for (int attempt = 0;; attempt++) {
     gpumem_status st;
     gpumem__block *b = NULL;
@@ -241,6 +242,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       p->st.requested_bytes += size;
       p->st.num_allocs++;
       p->st.num_live++;
+      gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
 #ifdef GPUMEM_DEBUG
       if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after alloc");
 #endif
@@ -255,13 +257,27 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
           p->device, size, (unsigned long long)p->limit);
       return st;
     }
+    if (st == GPUMEM_ERR_OUT_OF_MEMORY && attempt == 0 && asks < GPUMEM__SHARE_ROUNDS && p->share != NULL) {
+      /* before the callback: the other members of the shared group give back cached memory (share.c);
+       * another process may take it first, so a round that brought memory may be followed by another */
+      gpumem__mutex_unlock(&p->lock);
+      asks = gpumem__share_ask(p, p->share, rsize) ? asks + 1 : GPUMEM__SHARE_ROUNDS;
+      if (asks < GPUMEM__SHARE_ROUNDS) {
+        attempt = -1; /* a fresh first attempt */
+        continue;
+      }
+      gpumem__mutex_lock(&p->lock);
+    }
     if (st != GPUMEM_ERR_OUT_OF_MEMORY || attempt > 0 || ctx->opt.oom_callback == NULL) {
       if (st == GPUMEM_ERR_OUT_OF_MEMORY) p->st.num_ooms++;
       uint64_t res = p->st.reserved_bytes, alloc = p->st.allocated_bytes;
       gpumem__mutex_unlock(&p->lock);
-      if (st == GPUMEM_ERR_OUT_OF_MEMORY)
-        LOG(p, GPUMEM_LOG_WARN, "device %d: out of memory allocating %zu bytes (allocated %llu, reserved %llu)",
-            p->device, size, (unsigned long long)alloc, (unsigned long long)res);
+      if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
+        char peers[256];
+        gpumem__share_describe(p->share, peers, sizeof peers);
+        LOG(p, GPUMEM_LOG_WARN, "device %d: out of memory allocating %zu bytes (allocated %llu, reserved %llu)%s",
+            p->device, size, (unsigned long long)alloc, (unsigned long long)res, peers);
+      }
       return st;
     }
     gpumem__mutex_unlock(&p->lock);
@@ -411,6 +427,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
 #ifdef GPUMEM_DEBUG
   if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after free");
 #endif
@@ -423,6 +440,7 @@ void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream st
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
   gpumem__mutex_unlock(&p->lock);
 }
 
@@ -451,6 +469,7 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
   *d_allocs = 0;
   *d_frees = 0;
   if (n > 0) gpumem__check_threshold(p);
+  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
   gpumem__mutex_unlock(&p->lock);
 }
 
@@ -727,6 +746,7 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
       }
     }
   }
+  if (!graph) p->share = gpumem__share_join(p, &info); /* NULL: no sharing, no watcher (share.c) */
   LOG(p, GPUMEM_LOG_INFO, "device %d: pool created (%s, %llu bytes total, limit %llu)", device, info.name,
       (unsigned long long)p->total, (unsigned long long)p->limit);
   *out = p;
@@ -735,6 +755,7 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
 
 void gpumem__pool_destroy(gpumem__pool *p) {
   if (p == NULL) return;
+  gpumem__share_stop(p->share); /* the watcher stops before the pool goes; the entry stays until its memory is back */
   gpumem__mutex_lock(&p->lock);
   if (p->segs != NULL) (void)gpumem__be_device_synchronize(p->ctx, p->device);
   if (pool_clear_locked(p) != GPUMEM_OK) {
@@ -757,6 +778,8 @@ void gpumem__pool_destroy(gpumem__pool *p) {
     }
   }
   gpumem__mutex_unlock(&p->lock);
+  gpumem__share_leave(p->share);
+  p->share = NULL;
   free(p->stab);
   free(p->evcache);
   free(p->ready);

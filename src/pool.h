@@ -193,6 +193,9 @@ struct gpumem__pool {
   gpumem_stream g_stream;      /* the stream the call names ... */
   int g_named;                 /* ... when set */
   int g_wait;                  /* it may wait for the device */
+  /* share.c: shared GPUs and the watcher (share.h) */
+  struct gpumem__pshare *share; /* NULL: neither (a graph pool, or sharing off and watch_interval_ms 0) */
+  int watching;                /* the watcher thread runs (set by share.c under the lock) */
 };
 
 enum { SOLO_NONE = 0, SOLO_ONE = 1, SOLO_MANY = 2, SOLO_WARM = 3 };
@@ -305,5 +308,6 @@ static inline void solo_note(gpumem__pool *p, gpumem_stream stream) {
 
 
 #include "block_index.h"
+#include "share.h"
 
 #endif /* GPUMEM_POOL_H */

@@ -41,7 +41,10 @@
   X(num_oom_retries, COUNTER, "Retries after a backend out-of-memory.")                            \
   X(num_ooms, COUNTER, "Allocations that failed with out-of-memory.")                              \
   X(requested_bytes, GAUGE, "Bytes asked for by live allocations (unrounded).")                    \
-  X(num_limit_exceeded, COUNTER, "Allocations refused by limit_bytes / limit_fraction.")
+  X(num_limit_exceeded, COUNTER, "Allocations refused by limit_bytes / limit_fraction.")        \
+  X(num_share_asks, COUNTER, "Allocations that asked the other members of the shared group for memory.") \
+  X(num_share_asked, COUNTER, "Requests of other members this process answered.")                \
+  X(share_given_bytes, COUNTER, "Bytes of cached memory given back when asked by other members.")
 
 typedef enum gpumem__stat_kind { GPUMEM__STAT_COUNTER, GPUMEM__STAT_GAUGE, GPUMEM__STAT_PEAK } gpumem__stat_kind;
 

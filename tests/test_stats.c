@@ -97,7 +97,7 @@ static void test_known_sequence(void **state) {
 #define SUM_FIELDS(X)                                                                                          \
   X(allocated_bytes) X(reserved_bytes) X(cached_bytes) X(num_allocs) X(num_frees) X(num_live) X(num_segments) \
   X(num_backend_allocs) X(num_backend_frees) X(num_trims) X(trimmed_bytes) X(num_oom_retries) X(num_ooms)     \
-  X(requested_bytes) X(num_limit_exceeded)
+  X(requested_bytes) X(num_limit_exceeded) X(num_share_asks) X(num_share_asked) X(share_given_bytes)
 
 static void test_all_is_sum(void **state) {
   (void)state;

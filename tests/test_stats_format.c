@@ -180,7 +180,7 @@ static const fdesc k_fields[] = {
     FD(cached_bytes, 0),    FD(num_allocs, 1),        FD(num_frees, 1),          FD(num_live, 0),
     FD(num_segments, 0),    FD(num_backend_allocs, 1), FD(num_backend_frees, 1), FD(num_trims, 1),
     FD(trimmed_bytes, 1),   FD(num_oom_retries, 1),   FD(num_ooms, 1),           FD(requested_bytes, 0),
-    FD(num_limit_exceeded, 1),
+    FD(num_limit_exceeded, 1), FD(num_share_asks, 1), FD(num_share_asked, 1),   FD(share_given_bytes, 1),
 };
 #define NF (sizeof k_fields / sizeof k_fields[0])
 

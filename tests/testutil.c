@@ -275,7 +275,8 @@ void tu_assert_stats_sane(const gpumem_stats *s) {
 #define TU_STATS_FIELDS(X)                                                                            \
   X(allocated_bytes) X(allocated_peak) X(reserved_bytes) X(reserved_peak) X(cached_bytes) X(num_allocs) \
   X(num_frees) X(num_live) X(num_segments) X(num_backend_allocs) X(num_backend_frees) X(num_trims)     \
-  X(trimmed_bytes) X(num_oom_retries) X(num_ooms) X(requested_bytes) X(num_limit_exceeded)
+  X(trimmed_bytes) X(num_oom_retries) X(num_ooms) X(requested_bytes) X(num_limit_exceeded) X(num_share_asks) \
+  X(num_share_asked) X(share_given_bytes)
 
 int tu_stats_equal(const gpumem_stats *a, const gpumem_stats *b) {
 #define TU_CMP(f) if (a->f != b->f) return 0;

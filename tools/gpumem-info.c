@@ -4,7 +4,12 @@
  * mapping, and the processes that hold GPU device files open (like
  * `fuser -v /dev/nvidia*`: /dev/nvidia*, /dev/kfd, /dev/dri/renderD*).
  *
- *   gpumem-info [--backend NAME] [--json]
+ *   gpumem-info [--backend NAME] [--json] [--trim [--device N | --uuid GPU-...]] [--wait MS]
+ *
+ * Shared GPUs: each device's members of the user's shared groups (pid, command, group,
+ * reserved, cached, live bytes, whether its thread answers). --trim asks every member on every
+ * device (or only on --device N / --uuid GPU-...) to give its cached memory back now, waits for the
+ * answers (--wait, default 2000 ms) and prints what came back.
  *
  * Getting a device's free memory on CUDA creates the runtime's context on
  * that device (as nvidia-smi's own queries do not); the tool touches each
@@ -100,14 +105,33 @@ static void print_bytes(uint64_t b) {
   printf("%llu (%.2f GiB)", (unsigned long long)b, (double)b / (1024.0 * 1024.0 * 1024.0));
 }
 
+static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+/* The members of a device's shared groups (*n of them, up to 256); NULL when none or not shared (*st says). */
+static gpumem_share_member *share_members(gpumem_context *ctx, int d, size_t *n, gpumem_status *st) {
+  static gpumem_share_member m[256];
+  m[0].struct_size = sizeof m[0];
+  *n = 0;
+  *st = gpumem_share_members(ctx, d, m, 256, n);
+  if (*n > 256) *n = 256;
+  return *st == GPUMEM_OK ? m : NULL;
+}
+
 int main(int argc, char **argv) {
-  const char *backend = NULL;
-  int json = 0;
+  const char *backend = NULL, *only_uuid = NULL;
+  int json = 0, trim = 0, only_dev = -1;
+  long wait_ms = 2000;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
     else if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--trim")) trim = 1;
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) only_dev = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--uuid") && i + 1 < argc) only_uuid = argv[++i];
+    else if (!strcmp(argv[i], "--wait") && i + 1 < argc) wait_ms = atol(argv[++i]);
     else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      printf("usage: gpumem-info [--backend auto|cuda|hip|sim] [--json]\n");
+      printf("usage: gpumem-info [--backend auto|cuda|hip|sim] [--json] [--trim [--device N | --uuid GPU-...]] "
+             "[--wait MS]\n"
+             "  --trim  ask every member of your shared groups on the GPU(s) to give cached memory back now\n");
       return 0;
     } else {
       fprintf(stderr, "gpumem-info: unknown argument %s\n", argv[i]);
@@ -133,6 +157,22 @@ int main(int argc, char **argv) {
     for (int d = 0; d < count; d++) {
       infos[d].struct_size = sizeof infos[d];
       info_st[d] = gpumem_device_get_info(ctx, d, &infos[d]);
+    }
+  }
+  if (wait_ms < 0 || wait_ms > 600000) wait_ms = 2000;
+  /* --trim first, so that the listing below shows what is left */
+  uint64_t *trim_given = count > 0 ? calloc((size_t)count, sizeof *trim_given) : NULL;
+  size_t *trim_answered = count > 0 ? calloc((size_t)count, sizeof *trim_answered) : NULL;
+  gpumem_status *trim_st = count > 0 ? calloc((size_t)count, sizeof *trim_st) : NULL;
+  int *trimmed = count > 0 ? calloc((size_t)count, sizeof *trimmed) : NULL;
+  if (trim && count > 0 && trim_given && trim_answered && trim_st && trimmed) {
+    for (int d = 0; d < count; d++) {
+      if (info_st[d] != GPUMEM_OK) continue;
+      if (only_dev >= 0 && d != only_dev) continue;
+      if (only_uuid != NULL && strncmp(infos[d].uuid, only_uuid, strlen(only_uuid)) != 0) continue;
+      trimmed[d] = 1;
+      trim_st[d] = gpumem_share_reclaim(ctx, d, GPUMEM_UNLIMITED, (uint32_t)wait_ms, &trim_given[d], &trim_answered[d]);
+      (void)gpumem_device_get_info(ctx, d, &infos[d]); /* free memory after */
     }
   }
   size_t nh = 0, unreadable = 0;
@@ -161,6 +201,26 @@ int main(int argc, char **argv) {
         tools_json_string(stdout, i->pci_bus_id);
         printf(", \"total_bytes\": %llu, \"free_bytes\": %llu", (unsigned long long)i->total_bytes,
                (unsigned long long)i->free_bytes);
+        size_t nm = 0;
+        gpumem_status ms;
+        gpumem_share_member *m = share_members(ctx, d, &nm, &ms);
+        printf(", \"share_status\": \"%s\", \"share_members\": [", gpumem_status_name(ms));
+        for (size_t k = 0; m != NULL && k < nm; k++) {
+          printf("%s{\"pid\": %d, \"command\": ", k ? ", " : "", m[k].pid);
+          tools_json_string(stdout, m[k].command);
+          printf(", \"group\": ");
+          tools_json_string(stdout, m[k].group);
+          printf(", \"reserved_bytes\": %llu, \"cached_bytes\": %llu, \"live_bytes\": %llu, \"asked\": %llu, "
+                 "\"was_asked\": %llu, \"given_bytes\": %llu, \"listening\": %s, \"self\": %s}",
+                 (unsigned long long)m[k].reserved_bytes, (unsigned long long)m[k].cached_bytes,
+                 (unsigned long long)m[k].live_bytes, (unsigned long long)m[k].asked,
+                 (unsigned long long)m[k].was_asked, (unsigned long long)m[k].given_bytes,
+                 m[k].listening ? "true" : "false", m[k].self ? "true" : "false");
+        }
+        printf("]");
+        if (trimmed != NULL && trimmed[d])
+          printf(", \"trim\": {\"status\": \"%s\", \"given_bytes\": %llu, \"answered\": %zu}",
+                 gpumem_status_name(trim_st[d]), (unsigned long long)trim_given[d], trim_answered[d]);
       }
       printf("}");
     }
@@ -193,6 +253,28 @@ int main(int argc, char **argv) {
       printf("  free ");
       print_bytes(i->free_bytes);
       printf("\n");
+      if (trimmed != NULL && trimmed[d]) {
+        if (trim_st[d] == GPUMEM_OK)
+          printf("      trim: %zu member(s) answered, %.2f GiB given back\n", trim_answered[d], gib(trim_given[d]));
+        else
+          printf("      trim: %s\n", gpumem_status_name(trim_st[d]));
+      }
+      size_t nm = 0;
+      gpumem_status ms;
+      gpumem_share_member *m = share_members(ctx, d, &nm, &ms);
+      if (ms == GPUMEM_ERR_NOT_SUPPORTED) {
+        printf("      shared groups: none (this device is this process's own)\n");
+      } else if (m == NULL) {
+        printf("      shared groups: %s\n", gpumem_status_name(ms));
+      } else {
+        printf("      members of your shared groups: %zu\n", nm);
+        if (nm) printf("        %8s  %-16s %-12s %12s %12s %12s  %s\n", "PID", "COMMAND", "GROUP", "RESERVED GiB",
+                       "CACHED GiB", "LIVE GiB", "");
+        for (size_t k = 0; k < nm; k++)
+          printf("        %8d  %-16s %-12s %12.2f %12.2f %12.2f  %s%s\n", m[k].pid, m[k].command, m[k].group,
+                 gib(m[k].reserved_bytes), gib(m[k].cached_bytes), gib(m[k].live_bytes),
+                 m[k].listening ? "answers" : "no cache", m[k].self ? " (this process)" : "");
+      }
     }
     if (count) {
       printf("mapping (visible ordinal -> physical index):");
@@ -206,6 +288,10 @@ int main(int argc, char **argv) {
     if (unreadable) printf("  (%zu processes' file descriptors could not be read: run as root to see all)\n", unreadable);
   }
   free(h);
+  free(trim_given);
+  free(trim_answered);
+  free(trim_st);
+  free(trimmed);
   free(infos);
   free(info_st);
   if (ctx) gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);

@@ -57,6 +57,10 @@ module gpumem
      type(c_funptr) :: log_callback = c_null_funptr
      type(c_ptr) :: log_user = c_null_ptr
      integer(c_int) :: log_level = 2
+     integer(c_int) :: expandable = 1
+     type(c_ptr) :: share = c_null_ptr             ! const char *: "user" (NULL), "off" or a group name
+     integer(c_int32_t) :: share_wait_ms = 300
+     integer(c_int32_t) :: watch_interval_ms = 200
   end type gpumem_config
 
   !> gpumem_stats (struct_size is set by gpumem_get_stats_f).
@@ -80,6 +84,9 @@ module gpumem
      integer(c_int64_t) :: num_ooms = 0
      integer(c_int64_t) :: requested_bytes = 0
      integer(c_int64_t) :: num_limit_exceeded = 0
+     integer(c_int64_t) :: num_share_asks = 0
+     integer(c_int64_t) :: num_share_asked = 0
+     integer(c_int64_t) :: share_given_bytes = 0
   end type gpumem_stats
 
   !> gpumem_device_info (strings are NUL-terminated C character arrays).

@@ -80,6 +80,10 @@ typedef struct gpumem_backend_device_info {
   char pci_bus_id[32];  /**< "0000:17:00.0" */
   uint64_t total_bytes; /**< total device memory */
   int physical_index;   /**< index before CUDA_VISIBLE_DEVICES remapping, -1 if unknown */
+  /** 1: the device exists for this process only (the sim without `GPUMEM_SIM_SHARED`), so no other
+   *  process shares it and the core looks for no peers; 0 (what a backend that does not know this member
+   *  leaves: the core clears the struct first): processes that see the same `uuid` share one device. */
+  int private_device;
 } gpumem_backend_device_info;
 
 /** \brief `int init(gpumem_backend *be)`: probe the driver; return non-zero (mapped by error_status, normally to ::GPUMEM_ERR_NO_BACKEND) if unusable. */

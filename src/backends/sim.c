@@ -46,6 +46,22 @@
  * - device_reset() unmaps every allocation, reservation and chunk of the
  *   device and completes its streams; events and stream records stay valid.
  *
+ * Shared devices (`GPUMEM_SIM_SHARED=NAME`, NAME of letters, digits, `.`,
+ * `_`, `-`, at most 48): the processes of one user that name the same NAME
+ * see the same physical devices. Their capacity is accounted in a
+ * shared-memory object (`/dev/shm/gpumem-sim-UID-NAME`, mode 0600): each
+ * process's charges per device, so that what one process holds is missing
+ * from every other's free memory and a malloc that would pass the capacity
+ * fails in any of them. The memory of a process that died is released (its
+ * charges are dropped at the next charge or query of any process), as a
+ * driver releases a dead process's memory. The devices' UUIDs are derived
+ * from NAME, so that processes of another NAME (another simulated machine)
+ * never look like peers; without GPUMEM_SIM_SHARED each process's devices are
+ * its own (device_info sets private_device). The first process fixes the
+ * capacities: a process whose GPUMEM_SIM_DEVICES differs fails init() with
+ * ::GPUMEM_SIM_ERR_BAD_ENV, as does a NAME that is not valid or an object of
+ * another user or with a foreign layout.
+ *
  * Fault injection and delayed mode live in static storage that survives the
  * state (they can be set before any context exists). Call counts count from
  * the creation of the state (the first init() after none was held); calls
@@ -61,7 +77,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* valgrind client requests (annotate_alloc/annotate_free): memcheck then sees
  * every block the pool hands out as one heap block. They cost a few
@@ -240,7 +263,37 @@ typedef struct sim_config { /* what the environment says */
   uint64_t capacity[SIM_MAX_DEVICES];
   int nvis;
   int visible[SIM_MAX_DEVICES]; /* visible ordinal -> physical index */
+  char shared[64];              /* GPUMEM_SIM_SHARED, "" when unset */
 } sim_config;
+
+/* ------------------------------------------------------------------------ */
+/* Shared devices (GPUMEM_SIM_SHARED): the capacity accounting in shared memory */
+
+#define SIM_SH_MAGIC 0x53504d47u /* "GMPS" */
+#define SIM_SH_VERSION 1u
+#define SIM_SH_PROCS 128
+
+typedef struct sim_sh_proc {
+  int32_t pid;                    /* 0 = free */
+  uint32_t pad_;
+  uint64_t start;                 /* the process's start time (/proc/PID/stat), against pid reuse */
+  _Atomic uint64_t used[SIM_MAX_DEVICES]; /* charged bytes per physical device */
+} sim_sh_proc;
+
+typedef struct sim_sh {
+  _Atomic uint32_t magic;         /* written last by the creator */
+  uint32_t version;
+  uint32_t size;
+  uint32_t nphys;
+  uint64_t capacity[SIM_MAX_DEVICES];
+  pthread_mutex_t lock;           /* process-shared, robust: charges are checked and made under it */
+  sim_sh_proc procs[SIM_SH_PROCS];
+} sim_sh;
+
+static sim_sh *g_sh;              /* mapped while a state of a shared configuration exists */
+static int g_sh_slot = -1;        /* this process's entry (-1: none) */
+static int g_sh_held;             /* this process holds g_sh->lock (under g_lock) */
+static uint64_t g_uuid_salt;      /* 0, or the hash of GPUMEM_SIM_SHARED: the devices' UUIDs depend on it */
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 /* fork(): a child must be able to create a sim context of its own even if
@@ -248,8 +301,13 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 static void sim__atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
 static void sim__atfork_release(void) { pthread_mutex_unlock(&g_lock); }
+static void sim__sh_fork_child(void);
+static void sim__atfork_child(void) {
+  sim__sh_fork_child();
+  pthread_mutex_unlock(&g_lock);
+}
 static void sim__atfork_register(void) {
-  (void)pthread_atfork(sim__atfork_prepare, sim__atfork_release, sim__atfork_release);
+  (void)pthread_atfork(sim__atfork_prepare, sim__atfork_release, sim__atfork_child);
 }
 
 static struct {
@@ -303,8 +361,72 @@ static sim_device *sim__device(int device, int *err) {
   return &g.dev[device];
 }
 
+/* Start time of a process (field 22 of /proc/PID/stat), 0 if unknown. */
+static uint64_t sim__proc_start(long pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  if (!p) return 0;
+  p++;
+  for (int field = 3; field < 22 && p; field++) p = strchr(p + 1, ' ');
+  return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* A process that is gone (or whose pid now names another process). */
+static int sim__proc_dead(int32_t pid, uint64_t start) {
+  if (pid <= 0) return 1;
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+  uint64_t now = sim__proc_start(pid);
+  return now != 0 && start != 0 && now != start;
+}
+
+static void sim__sh_lock(void) {
+  int rc = pthread_mutex_lock(&g_sh->lock);
+  if (rc == EOWNERDEAD) (void)pthread_mutex_consistent(&g_sh->lock); /* a process died holding it: counts are single stores */
+  g_sh_held = 1;
+}
+static void sim__sh_unlock(void) {
+  g_sh_held = 0;
+  (void)pthread_mutex_unlock(&g_sh->lock);
+}
+
+/* Bytes other processes hold on a physical device; drops the entries of dead processes. Shared lock held. */
+static uint64_t sim__sh_others(int phys) {
+  uint64_t sum = 0;
+  pid_t self = getpid();
+  for (int i = 0; i < SIM_SH_PROCS; i++) {
+    sim_sh_proc *pr = &g_sh->procs[i];
+    if (pr->pid == 0 || i == g_sh_slot) continue;
+    if (pr->pid != self && sim__proc_dead(pr->pid, pr->start)) {
+      for (int k = 0; k < SIM_MAX_DEVICES; k++) atomic_store(&pr->used[k], 0);
+      pr->pid = 0; /* its memory goes back, as a driver's would */
+      continue;
+    }
+    uint64_t u = atomic_load(&pr->used[phys]);
+    sum = u > UINT64_MAX - sum ? UINT64_MAX : sum + u;
+  }
+  return sum;
+}
+
+/* This process's charge of a device, for the others to see. */
+static void sim__sh_publish(const sim_device *d) {
+  if (g_sh && g_sh_slot >= 0) atomic_store(&g_sh->procs[g_sh_slot].used[d->physical], d->used);
+}
+
 static uint64_t sim__avail(const sim_device *d) {
   uint64_t taken = d->used + d->external;
+  if (g_sh) {
+    int mine = !g_sh_held;
+    if (mine) sim__sh_lock();
+    uint64_t o = sim__sh_others(d->physical);
+    if (mine) sim__sh_unlock();
+    taken = o > UINT64_MAX - taken ? UINT64_MAX : taken + o;
+  }
   return taken >= d->capacity ? 0 : d->capacity - taken;
 }
 
@@ -405,10 +527,10 @@ static uint64_t sim__mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/* The stable UUID of a physical device. */
+/* The stable UUID of a physical device (of the shared configuration named by g_uuid_salt). */
 static void sim__uuid(int physical, char out[64]) {
-  uint64_t hi = sim__mix(0x67707566656d0000ull + 2u * (uint64_t)physical);
-  uint64_t lo = sim__mix(0x67707566656d0000ull + 2u * (uint64_t)physical + 1u);
+  uint64_t hi = sim__mix(0x67707566656d0000ull + 2u * (uint64_t)physical + g_uuid_salt);
+  uint64_t lo = sim__mix(0x67707566656d0000ull + 2u * (uint64_t)physical + 1u + g_uuid_salt);
   snprintf(out, 64, "GPU-%08" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%012" PRIx64, hi >> 32,
            (hi >> 16) & 0xffffu, hi & 0xffffu, lo >> 48, lo & (uint64_t)0xffffffffffffull);
 }
@@ -469,8 +591,139 @@ static void sim__parse_visible(const char *s, sim_config *cfg) {
 static int sim__read_env(sim_config *cfg) {
   int rc = sim__parse_devices(getenv("GPUMEM_SIM_DEVICES"), cfg);
   if (rc) return rc;
+  const char *sh = getenv("GPUMEM_SIM_SHARED");
+  cfg->shared[0] = '\0';
+  g_uuid_salt = 0;
+  if (sh && *sh) {
+    size_t n = strlen(sh);
+    if (n > 48) return GPUMEM_SIM_ERR_BAD_ENV;
+    for (size_t i = 0; i < n; i++) {
+      char c = sh[i];
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || sim__is_digit(c) || c == '.' || c == '_' || c == '-'))
+        return GPUMEM_SIM_ERR_BAD_ENV;
+    }
+    memcpy(cfg->shared, sh, n + 1);
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)sh[i]) * 0x100000001b3ull;
+    g_uuid_salt = h | 1u;
+  }
   sim__parse_visible(getenv("CUDA_VISIBLE_DEVICES"), cfg);
   return cfg->nvis ? 0 : GPUMEM_SIM_ERR_NO_DEVICE;
+}
+
+/* Take an entry of the shared accounting for this process (g_sh mapped). 0, or -1 when all are taken. */
+static int sim__sh_claim(void) {
+  sim__sh_lock();
+  int32_t self = (int32_t)getpid();
+  int slot = -1;
+  for (int i = 0; i < SIM_SH_PROCS && slot < 0; i++) {
+    sim_sh_proc *pr = &g_sh->procs[i];
+    if (pr->pid != 0 && sim__proc_dead(pr->pid, pr->start)) pr->pid = 0;
+    if (pr->pid == 0) slot = i;
+  }
+  if (slot >= 0) {
+    sim_sh_proc *pr = &g_sh->procs[slot];
+    pr->pid = self;
+    pr->start = sim__proc_start(self);
+    for (int k = 0; k < SIM_MAX_DEVICES; k++) atomic_store(&pr->used[k], 0);
+  }
+  sim__sh_unlock();
+  g_sh_slot = slot;
+  return slot >= 0 ? 0 : -1;
+}
+
+/* In a fork's child (g_lock held): the memory the child inherited the records of is the parent's,
+ * accounted in the parent's entry; the child starts with nothing charged, in an entry of its own. */
+static void sim__sh_fork_child(void) {
+  if (!g_sh) return;
+  for (int i = 0; i < g.ndev; i++) g.dev[i].used = 0;
+  if (sim__sh_claim() != 0) g_sh_slot = -1;
+}
+
+/* Map (creating it if new) the shared accounting of cfg->shared and take an entry. 0 or an error code. g_lock held. */
+static int sim__sh_open(const sim_config *cfg) {
+  char name[96];
+  snprintf(name, sizeof name, "/gpumem-sim-%lu-%s", (unsigned long)geteuid(), cfg->shared);
+  int created = 0;
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd >= 0) {
+    created = 1;
+    if (ftruncate(fd, (off_t)sizeof(sim_sh)) != 0) {
+      close(fd);
+      shm_unlink(name);
+      return GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    }
+  } else if (errno == EEXIST) {
+    fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return GPUMEM_SIM_ERR_BAD_ENV;
+  } else {
+    return GPUMEM_SIM_ERR_BAD_ENV;
+  }
+  struct stat st;
+  /* another user's object, one others may write, or one not (yet) of our size is not ours to use */
+  for (int tries = 0; !created; tries++) {
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+      close(fd);
+      return GPUMEM_SIM_ERR_BAD_ENV;
+    }
+    if (st.st_size == (off_t)sizeof(sim_sh)) break;
+    if (tries >= 200) { /* 200 ms: its creator died before sizing it, or it is foreign */
+      close(fd);
+      return GPUMEM_SIM_ERR_BAD_ENV;
+    }
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  sim_sh *sh = mmap(NULL, sizeof(sim_sh), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (sh == MAP_FAILED) return GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+  if (created) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&sh->lock, &a);
+    pthread_mutexattr_destroy(&a);
+    sh->version = SIM_SH_VERSION;
+    sh->size = (uint32_t)sizeof(sim_sh);
+    sh->nphys = (uint32_t)cfg->nphys;
+    for (int i = 0; i < cfg->nphys; i++) sh->capacity[i] = cfg->capacity[i];
+    atomic_store(&sh->magic, SIM_SH_MAGIC);
+  } else {
+    for (int tries = 0; atomic_load(&sh->magic) != SIM_SH_MAGIC && tries < 200; tries++) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    int ok = atomic_load(&sh->magic) == SIM_SH_MAGIC && sh->version == SIM_SH_VERSION &&
+             sh->size == (uint32_t)sizeof(sim_sh) && sh->nphys == (uint32_t)cfg->nphys;
+    for (int i = 0; ok && i < cfg->nphys; i++) ok = sh->capacity[i] == cfg->capacity[i];
+    if (!ok) {
+      munmap(sh, sizeof(sim_sh));
+      return GPUMEM_SIM_ERR_BAD_ENV;
+    }
+  }
+  g_sh = sh;
+  if (sim__sh_claim() != 0) {
+    munmap(sh, sizeof(sim_sh));
+    g_sh = NULL;
+    return GPUMEM_SIM_ERR_OUT_OF_MEMORY; /* SIM_SH_PROCS processes share it already */
+  }
+  return 0;
+}
+
+/* Give this process's entry back and unmap. g_lock held. */
+static void sim__sh_close(void) {
+  if (!g_sh) return;
+  sim__sh_lock();
+  if (g_sh_slot >= 0) {
+    sim_sh_proc *pr = &g_sh->procs[g_sh_slot];
+    for (int k = 0; k < SIM_MAX_DEVICES; k++) atomic_store(&pr->used[k], 0);
+    pr->pid = 0;
+  }
+  sim__sh_unlock();
+  munmap(g_sh, sizeof(sim_sh));
+  g_sh = NULL;
+  g_sh_slot = -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -493,6 +746,7 @@ static void sim__device_release_memory(sim_device *d) {
     if (d->chunks.keys[i]) free((void *)d->chunks.vals[i]);
   sim__map_free(&d->chunks);
   d->used = 0;
+  sim__sh_publish(d);
 }
 
 static void sim__device_complete(sim_device *d) {
@@ -516,6 +770,7 @@ static void sim__state_free(void) {
   g.dev = NULL;
   g.ndev = 0;
   g.ncaptures = 0;
+  sim__sh_close();
   for (size_t i = 0; i < g.events.cap; i++)
     if (g.events.keys[i]) free((void *)g.events.keys[i]);
   sim__map_free(&g.events);
@@ -594,6 +849,11 @@ static int sim_init(gpumem_backend *be) {
         }
         if (g.next_handle == 0) g.next_handle = 1;
         memset(g_ctl.calls, 0, sizeof g_ctl.calls);
+        if (cfg.shared[0] && (rc = sim__sh_open(&cfg)) != 0) {
+          free(g.dev);
+          g.dev = NULL;
+          g.ndev = 0;
+        }
       }
     }
   }
@@ -634,6 +894,7 @@ static int sim_device_info(gpumem_backend *be, int device, gpumem_backend_device
       snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "0000:%02x:00.0", (unsigned)d->physical + 1u);
       info->total_bytes = d->capacity;
       info->physical_index = d->physical;
+      info->private_device = g_sh == NULL;
     }
   }
   pthread_mutex_unlock(&g_lock);
@@ -669,6 +930,7 @@ static int sim_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
   if (rc == 0 && !ptr) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
   if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
+  if (d && g_sh) sim__sh_lock(); /* the check and the charge, at once for every process */
   if (d) {
     if (size == 0) {
       *ptr = NULL;
@@ -687,11 +949,13 @@ static int sim_malloc(gpumem_backend *be, int device, size_t size, void **ptr) {
           rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
         } else {
           d->used += len;
+          sim__sh_publish(d);
           *ptr = p;
         }
       }
     }
   }
+  if (d && g_sh) sim__sh_unlock();
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -715,6 +979,7 @@ static int sim_free(gpumem_backend *be, int device, void *ptr) {
       size_t j = sim__map_find(&d->poisoned, (uintptr_t)ptr);
       if (j != SIZE_MAX) sim__map_del_at(&d->poisoned, j);
       d->used -= len;
+      sim__sh_publish(d);
       unmap = ptr;
     }
   }
@@ -1152,6 +1417,7 @@ static int sim_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phy
   if (rc == 0 && (!h || size == 0 || size % SIM_VM_GRANULARITY)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
   if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
+  if (d && g_sh) sim__sh_lock();
   if (d) {
     sim_chunk *c;
     if ((uint64_t)size > sim__avail(d)) {
@@ -1164,9 +1430,11 @@ static int sim_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phy
     } else {
       c->size = size;
       d->used += size;
+      sim__sh_publish(d);
       *h = g.next_handle++;
     }
   }
+  if (d && g_sh) sim__sh_unlock();
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -1175,6 +1443,7 @@ static int sim_vm_create(gpumem_backend *be, int device, size_t size, gpumem_phy
 static void sim__chunk_maybe_drop(sim_device *d, gpumem_phys_handle h, sim_chunk *c) {
   if (c->destroyed && c->nmapped == 0) {
     d->used -= c->size;
+    sim__sh_publish(d);
     sim__map_del_at(&d->chunks, sim__map_find(&d->chunks, (uintptr_t)h));
     free(c);
   }

@@ -255,6 +255,11 @@ class Context:
         flags: ``gpumem_config.flags`` bits.
         custom_backend: a :class:`gpumem.capi.Backend` vtable (or its address
             as an int) used instead of ``backend``; copied at creation.
+        share: shared GPUs: ``"user"`` (None, the default), ``"off"`` or a group name.
+        share_wait_ms: how long an allocation waits for the shared group's
+            members to give memory back; None keeps the default (300).
+        watch_interval_ms: free-memory checks while no pool grows (0 = none);
+            None keeps the default (200).
 
     A context is a context manager: leaving the ``with`` block closes it.
     Closing ends open scopes, marks the remaining :class:`Buffer` objects
@@ -279,6 +284,9 @@ class Context:
         log_callback: Optional[LogCallback] = None,
         flags: int = 0,
         custom_backend: Any = None,
+        share: Optional[str] = None,
+        share_wait_ms: Optional[int] = None,
+        watch_interval_ms: Optional[int] = None,
     ) -> None:
         cfg = capi.Config()
         capi.lib.gpumem_config_init(byref(cfg))
@@ -297,7 +305,13 @@ class Context:
                 except KeyError:
                     raise _arg_error("unknown log level %r" % log_level) from None
             cfg.log_level = int(log_level)
-        keep: Tuple[Any, ...] = (backend_b,)
+        share_b = None if share is None else str(share).encode("utf-8")
+        cfg.share = share_b
+        if share_wait_ms is not None:
+            cfg.share_wait_ms = int(share_wait_ms)
+        if watch_interval_ms is not None:
+            cfg.watch_interval_ms = int(watch_interval_ms)
+        keep: Tuple[Any, ...] = (backend_b, share_b)
         if custom_backend is not None:
             if isinstance(custom_backend, capi.Backend):
                 cfg.custom_backend = ctypes.addressof(custom_backend)

@@ -129,6 +129,10 @@ class Config(Structure):
         ("log_callback", LOG_FN),
         ("log_user", c_void_p),
         ("log_level", c_int),
+        ("expandable", c_int),
+        ("share", c_char_p),
+        ("share_wait_ms", c_uint32),
+        ("watch_interval_ms", c_uint32),
     ]
 
 
@@ -170,6 +174,9 @@ class Stats(Structure):
         ("num_ooms", c_uint64),
         ("requested_bytes", c_uint64),
         ("num_limit_exceeded", c_uint64),
+        ("num_share_asks", c_uint64),
+        ("num_share_asked", c_uint64),
+        ("share_given_bytes", c_uint64),
     ]
 
 

@@ -11,6 +11,7 @@ FIELDS = [
     "allocated_bytes", "allocated_peak", "reserved_bytes", "reserved_peak", "cached_bytes",
     "num_allocs", "num_frees", "num_live", "num_segments", "num_backend_allocs", "num_backend_frees",
     "num_trims", "trimmed_bytes", "num_oom_retries", "num_ooms", "requested_bytes", "num_limit_exceeded",
+    "num_share_asks", "num_share_asked", "share_given_bytes",
 ]
 
 

@@ -1,0 +1,43 @@
+/* share.h: shared GPUs (share.c). A device pool's membership in its GPU's shared group, its
+ * watcher thread, and the pool's hooks into them. Only the pool's files include it. */
+#ifndef GPUMEM_SHARE_H
+#define GPUMEM_SHARE_H
+
+#include "internal.h"
+
+struct gpumem__pshare; /* a pool's share state: ledger entry, watcher thread (share.c) */
+
+/** At pool creation (not for graph pools): the watcher's state, and the ledger entry of the GPU of
+ *  `info` when sharing is on and the device is not private. NULL when neither applies (no
+ *  watcher and no sharing) or on host out of memory (then the pool works alone). */
+struct gpumem__pshare *gpumem__share_join(gpumem__pool *p, const gpumem_backend_device_info *info);
+/** Stop the watcher and wait for it (at pool destruction, before the pool's memory goes). Takes the pool
+ *  lock briefly; call it without. */
+void gpumem__share_stop(struct gpumem__pshare *ps);
+/** At pool destruction, once its memory is given back: stop the watcher (if still running), give the
+ *  ledger entry back, free ps (NULL: nothing). */
+void gpumem__share_leave(struct gpumem__pshare *ps);
+
+/** Pool lock held: the pool grew or a call found it holding cached memory; start the watcher if it
+ *  is not running (it runs while the pool holds cached memory) and publish the figures. */
+void gpumem__share_note_slow(gpumem__pool *p, struct gpumem__pshare *ps);
+/** Pool lock held: publish reserved, cached and live bytes in the ledger entry (three relaxed stores). */
+void gpumem__share_figures(gpumem__pool *p, struct gpumem__pshare *ps);
+/** Pool lock held, on calls that do not grow (and publish the figures): at most every watch_interval_ms, the free-fraction check
+ *  while no watcher runs, and the watcher started when the pool holds cached memory. */
+static inline void gpumem__share_call(gpumem__pool *p, struct gpumem__pshare *ps, int running, uint64_t cached) {
+  if (ps == NULL) return;
+  if (GPUMEM__UNLIKELY(!running && cached > 0)) gpumem__share_note_slow(p, ps);
+  else gpumem__share_figures(p, ps);
+}
+
+/** Rounds of asking per allocation, at most (each must bring memory back for the next). */
+#define GPUMEM__SHARE_ROUNDS 8
+/** No lock held: an allocation of rsize bytes failed after the pool's own trim. Asks the other members
+ *  of the group for what the device lacks and waits (share_wait_ms at most, less once all answered).
+ *  Returns 1 when members gave memory back (retry), 0 otherwise. */
+int gpumem__share_ask(gpumem__pool *p, struct gpumem__pshare *ps, size_t rsize);
+/** What the other members hold, for the out-of-memory report: "" when the pool shares nothing. */
+void gpumem__share_describe(struct gpumem__pshare *ps, char *buf, size_t cap);
+
+#endif /* GPUMEM_SHARE_H */
