@@ -77,6 +77,16 @@ if want wheel; then
   python3 -m zipfile -l "$whl" >"$OUT/wheel-contents.txt" 2>&1
   rm -rf "$VENV"
   step install 120 bash -c "python3 -m venv --system-site-packages '$VENV' && '$VENV/bin/pip' install --no-index --no-deps --force-reinstall '$whl'"
+  # The machine's packages may sit outside the system site (user site, PYTHONPATH): the venv sees
+  # every site directory python3 sees, after its own (the installed gpumem comes first).
+  "$VENV/bin/python" - "$(python3 -c 'import sys; print(":".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))')" <<'PYEOF'
+import os, sys, sysconfig
+own = sysconfig.get_paths()["purelib"]
+dirs = [d for d in sys.argv[1].split(":") if d and os.path.isdir(d) and os.path.realpath(d) != os.path.realpath(own)]
+with open(os.path.join(own, "_machine_site.pth"), "w") as f:
+    f.write("\n".join(dirs) + "\n")
+print("venv also sees:", dirs)
+PYEOF
 fi
 PY=$VENV/bin/python
 if [ ! -x "$PY" ]; then
