@@ -29,7 +29,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  git: $(git rev-parse --short HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version --format=csv 2>&1
 } >"$OUT/env.log"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 &&
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_WITH_CUDA=ON -DGPUMEM_BUILD_TESTS=OFF -DGPUMEM_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 &&
   cmake --build "$BUILD" --target gpumem-share-demo gpumem-info >"$OUT/build.log" 2>&1 ||
   { echo "build failed: see $OUT/build.log"; exit 1; }
 DEMO=$BUILD/tools/gpumem-share-demo

@@ -77,7 +77,21 @@ def _device_pointer(driver: Any, addr: int) -> Any:
     binding = getattr(driver, "binding", None)
     if getattr(driver, "USE_NV_BINDING", True) and binding is not None:
         return binding.CUdeviceptr(addr)
-    return c_void_p(addr)
+    try:  # the ctypes binding's own device pointer type (c_size_t): its driver calls take no c_void_p
+        from numba.cuda.cudadrv import drvapi  # noqa: PLC0415
+
+        return drvapi.cu_device_ptr(addr)
+    except (ImportError, AttributeError):
+        return c_void_p(addr)
+
+
+def _pointer_value(ptr: Any) -> int:
+    """The address held by a device pointer of either binding."""
+    value = getattr(ptr, "value", ptr)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return int(ptr)
 
 
 def _make_manager_class() -> type:
@@ -157,7 +171,7 @@ def _make_manager_class() -> type:
                     "gpumem.numba: no CUDA IPC handle for the block at 0x%x (%s): CUDA gives IPC handles only "
                     "for cudaMalloc memory, and libgpumem's expandable segments (the default) are virtual "
                     "memory; run with GPUMEM_EXPANDABLE=0 to share libgpumem memory between processes"
-                    % (int(memory.handle), e)) from e
+                    % (_pointer_value(memory.handle), e)) from e
 
         def reset(self) -> None:
             """Give the device's cached memory back (deferred inside ``defer_cleanup``); host memory as Numba's."""
