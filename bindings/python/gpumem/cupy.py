@@ -185,8 +185,25 @@ def allocator(ctx: Optional[Context] = None) -> Callable[[int], Any]:
             ctypes.cast(capi.lib.gpumem_cupy_free, ctypes.c_void_p).value,
             owner,
         )
-        return c_alloc.malloc
+        return _raising_malloc(c_alloc.malloc)
     return _python_allocator(cupy, ctx)
+
+
+def _raising_malloc(c_malloc: Callable[[int], Any]) -> Callable[[int], Any]:
+    """CuPy's CFunctionAllocator does not look for an exception raised inside the C function:
+    it surfaces as a SystemError whose cause is ours. Re-raised as itself (a subclass of CuPy's
+    OutOfMemoryError and of gpumem's), it is what CuPy code catches; one Python call per
+    allocation is the cost."""
+
+    def gpumem_cupy_malloc(nbytes: int) -> Any:
+        try:
+            return c_malloc(nbytes)
+        except SystemError as e:
+            if isinstance(e.__cause__, errors.GpumemError):
+                raise e.__cause__ from None
+            raise
+
+    return gpumem_cupy_malloc
 
 
 def _python_allocator(cupy: Any, ctx: Context) -> Callable[[int], Any]:
