@@ -318,7 +318,7 @@ static void answer(gpumem__pshare *ps, uint32_t seq) {
 }
 
 /* A tick: the free-fraction check and the figures. Returns 1 when the pool holds no cached memory (the
- * thread ends: ps->thr_made stays set for the next start or the destroy to join it). */
+ * thread ends: it detaches itself, or the start or destroy under way joins it). */
 static int tick(gpumem__pshare *ps) {
   gpumem__pool *p = ps->p;
   gpumem__mutex_lock(&p->lock);
@@ -352,7 +352,19 @@ static void *watcher(void *arg) {
     }
     uint64_t t = now_ms();
     if (interval != 0 && t >= next) {
-      if (tick(ps)) return NULL;
+      if (tick(ps)) {
+        /* Ending on its own: detach, so that a process that never destroys its context (the
+         * process-wide one) leaves no unjoined thread behind. A start or a stop under way holds
+         * jlock and joins this thread instead. */
+        if (pthread_mutex_trylock(&ps->jlock) == 0) {
+          if (ps->thr_made && pthread_equal(ps->thr, pthread_self())) {
+            (void)pthread_detach(ps->thr);
+            ps->thr_made = 0;
+          }
+          gpumem__mutex_unlock(&ps->jlock);
+        }
+        return NULL;
+      }
       next = t + interval;
       continue;
     }
