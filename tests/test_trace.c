@@ -20,6 +20,7 @@ typedef struct parsed {
   ev *e;
   size_t n, cap;
   int header, backend, date, device0, end;
+  int nheader; /* "# libgpumem trace" lines */
 } parsed;
 
 static void tmp_path(char *buf, size_t n, const char *tag) {
@@ -47,7 +48,7 @@ static parsed parse(const char *path) {
     size_t len = strlen(line);
     assert_true(len > 0 && line[len - 1] == '\n');
     if (line[0] == '#') {
-      if (!strcmp(line, "# libgpumem trace\n")) p.header = 1;
+      if (!strcmp(line, "# libgpumem trace\n")) p.header = 1, p.nheader++;
       if (!strncmp(line, "# backend ", 10)) p.backend = 1;
       if (!strncmp(line, "# date ", 7)) p.date = 1;
       if (!strncmp(line, "# device 0 ", 11)) p.device0 = 1;
@@ -187,6 +188,28 @@ static void replay(gpumem_context *ctx, const parsed *p) {
   free(ptrs);
 }
 
+/* gpumem-replay reads the trace (plain text) and replays it. */
+static void replay_bin_accepts(const char *path) {
+#ifdef GPUMEM_REPLAY_BIN
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
+  FILE *pf = popen(cmd, "r");
+  assert_non_null(pf);
+  char out[8192];
+  size_t n = fread(out, 1, sizeof out - 1, pf);
+  out[n] = '\0';
+  int rc = pclose(pf);
+  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("gpumem-replay failed (%d):\n%s", rc, out);
+  char base[600];
+  const char *slash = strrchr(path, '/');
+  snprintf(base, sizeof base, "%s", slash ? slash + 1 : path);
+  base[22] = '\0'; /* the table's first column is 22 wide */
+  if (strstr(out, base) == NULL) fail_msg("gpumem-replay output lacks the trace:\n%s", out);
+#else
+  (void)path;
+#endif
+}
+
 static void test_round_trip(void **state) {
   (void)state;
   char path[512], path2[512];
@@ -221,23 +244,7 @@ static void test_round_trip(void **state) {
   free(got.e);
   free(want.e);
 
-#ifdef GPUMEM_REPLAY_BIN
-  /* gpumem-replay reads it (plain text) */
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
-  FILE *pf = popen(cmd, "r");
-  assert_non_null(pf);
-  char out[8192];
-  size_t n = fread(out, 1, sizeof out - 1, pf);
-  out[n] = '\0';
-  int rc = pclose(pf);
-  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("gpumem-replay failed (%d):\n%s", rc, out);
-  char base[600];
-  const char *slash = strrchr(path, '/');
-  snprintf(base, sizeof base, "%s", slash ? slash + 1 : path);
-  base[22] = '\0'; /* the table's first column is 22 wide */
-  if (strstr(out, base) == NULL) fail_msg("gpumem-replay output lacks the trace:\n%s", out);
-#endif
+  replay_bin_accepts(path);
   unlink(path);
   unlink(path2);
 }
@@ -412,10 +419,96 @@ static void test_reset_and_devices(void **state) {
   unlink(path);
 }
 
+/* ---------------------------------------------------------------------- */
+/* fork: the trace is the parent's                                         */
+
+static gpumem_context *g_fork_ctx;
+
+/* A child that never calls the library and ends with exit(): stdio and atexit handlers run. */
+static int child_exit_only(void *arg) {
+  (void)arg;
+  exit(0);
+}
+
+/* A child that calls the inherited context: refused, and nothing reaches the parent's trace. */
+static int child_calls(void *arg) {
+  (void)arg;
+  void *p = NULL;
+  TU_CHECK_STATUS(gpumem_alloc(g_fork_ctx, 0, 256, NULL, &p), GPUMEM_ERR_NOT_SUPPORTED);
+  TU_CHECK_STATUS(gpumem_trace_start(g_fork_ctx, "/tmp/gpumem_never.txt"), GPUMEM_ERR_NOT_SUPPORTED);
+  TU_CHECK_STATUS(gpumem_trace_stop(g_fork_ctx), GPUMEM_ERR_NOT_SUPPORTED);
+  exit(0);
+}
+
+static void test_fork_child_exit(void **state) {
+  (void)state;
+  char path[512];
+  tmp_path(path, sizeof path, "fork");
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  g_fork_ctx = ctx;
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  void *a, *b, *c;
+  assert_status(gpumem_alloc(ctx, 0, 1000, NULL, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2000, NULL, &b), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  /* the lines so far are buffered (far below the buffer's size) when the children are made */
+  assert_int_equal(tu_run_in_child(child_exit_only, NULL), 0);
+  assert_int_equal(tu_run_in_child(child_calls, NULL), 0);
+  assert_status(gpumem_alloc(ctx, 0, 3000, NULL, &c), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, NULL), GPUMEM_OK);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  parsed p = parse(path);
+  assert_int_equal(p.nheader, 1);
+  assert_true(p.end);
+  check_consistent(&p);
+  parsed want;
+  memset(&want, 0, sizeof want);
+  push(&want, (ev){'a', 1, 1000, 0, 0});
+  push(&want, (ev){'a', 2, 2000, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0});
+  push(&want, (ev){'a', 3, 3000, 0, 0});
+  push(&want, (ev){'f', 2, 0, 0, 0});
+  push(&want, (ev){'f', 3, 0, 0, 0});
+  assert_same_events(&p, &want);
+  free(p.e);
+  free(want.e);
+  replay_bin_accepts(path);
+  tu_ctx_done(ctx);
+  unlink(path);
+}
+
+/* A process that exits with its trace still open (the framework entry points' context is never
+ * destroyed): what is buffered reaches the file. */
+static char g_exit_path[512];
+static int child_traces_then_exits(void *arg) {
+  (void)arg;
+  gpumem_context *ctx = NULL;
+  TU_CHECK_STATUS(gpumem_create(NULL, &ctx), GPUMEM_OK);
+  TU_CHECK_STATUS(gpumem_trace_start(ctx, g_exit_path), GPUMEM_OK);
+  void *p = NULL;
+  TU_CHECK_STATUS(gpumem_alloc(ctx, 0, 4096, NULL, &p), GPUMEM_OK);
+  TU_CHECK_STATUS(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  exit(0);
+}
+
+static void test_exit_flushes(void **state) {
+  (void)state;
+  tmp_path(g_exit_path, sizeof g_exit_path, "exit");
+  assert_int_equal(tu_run_in_child(child_traces_then_exits, NULL), 0);
+  parsed p = parse(g_exit_path);
+  assert_int_equal(p.nheader, 1);
+  check_consistent(&p);
+  assert_int_equal(p.n, 2);
+  free(p.e);
+  unlink(g_exit_path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_round_trip), TU_TEST(test_env_file), TU_TEST(test_api_errors),
-      TU_TEST(test_threads),    TU_TEST(test_reset_and_devices),
+      TU_TEST(test_threads),    TU_TEST(test_reset_and_devices), TU_TEST(test_fork_child_exit),
+      TU_TEST(test_exit_flushes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
