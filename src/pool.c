@@ -214,8 +214,15 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       }
     }
     if (st == GPUMEM_OK) {
+      /* the block's fields are set before the index publishes it: a free on another thread finds it
+       * there (a stale pointer of a block a reset invalidated may be this address again) */
+      b->requested = size;
+      b->tag = tag;
+      b->uses = NULL;
       if (gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) != 0) {
         /* host out of memory: give the unused block back as a free on its stream */
+        b->requested = 0;
+        b->tag = NULL;
         gpumem__srec *r = gpumem__srec_get(p, stream);
         if (r != NULL) {
           b->fseq = ++r->seq;
@@ -227,9 +234,6 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
         gpumem__mutex_unlock(&p->lock);
         return GPUMEM_ERR_OUT_OF_MEMORY;
       }
-      b->requested = size;
-      b->tag = tag;
-      b->uses = NULL;
       p->st.allocated_bytes += b->size;
       if (acct != NULL) {
         acct->last = b;
@@ -244,8 +248,10 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
 #ifdef GPUMEM_DEBUG
       if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after alloc");
 #endif
+      /* read under the lock: once it is released, a reset on another thread may free b's record */
+      void *addr = (void *)b->addr;
       gpumem__mutex_unlock(&p->lock);
-      *out = (void *)b->addr;
+      *out = addr;
       return GPUMEM_OK;
     }
     if (st == GPUMEM_ERR_LIMIT_EXCEEDED) {

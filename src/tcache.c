@@ -197,11 +197,17 @@ static void tc_set_pool(gpumem__tc *c, gpumem__pool *p) {
   if (p != NULL) gpumem__pool_tc_keyed(p, +1);
 }
 
+/* Cache lock held. The owner may be inside gpumem__pool_alloc with &c->acct (it reads and writes
+ * the record under the pool lock only, without its cache lock): the record changes under that pool
+ * lock too. */
 static void tc_detach(gpumem__tc *c) {
   c->ctx = NULL;
-  tc_set_pool(c, NULL);
+  gpumem__pool *p = c->pool;
+  if (p != NULL) gpumem__mutex_lock(gpumem__pool_mutex(p));
   c->acct.budget = c->acct.room = 0;
   c->acct.headroom = 0;
+  if (p != NULL) gpumem__mutex_unlock(gpumem__pool_mutex(p));
+  tc_set_pool(c, NULL);
 }
 
 /* Once per context, at its first thread cache: which lock protocol the caches use (info), so that a
@@ -347,8 +353,9 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   if (bsize != 0 && bsize <= c->acct.headroom) {
     c->acct.headroom -= bsize;
     gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
+    void *addr = (void *)b->addr; /* while locked: a reset flushes the cache, then frees b's record */
     gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
-    *out = (void *)b->addr;
+    *out = addr;
     return 1;
   }
   gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
@@ -389,8 +396,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
           gpumem__pool_tc_peak(p, &c->acct);
           gpumem__mutex_unlock(gpumem__pool_mutex(p));
         }
+        void *addr = (void *)b->addr; /* while locked (a reset frees the record after its flush) */
         gpumem__tc_unlock(c);
-        *out = (void *)b->addr;
+        *out = addr;
         return GPUMEM_OK;
       }
     }

@@ -282,8 +282,9 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
       GPUMEM__TC_RMW_BARRIER();
       c->acct.headroom -= bsize;
       gpumem__block *b = gpumem__tc_take_last(c, k, last, bsize, size, tag);
+      void *addr = (void *)b->addr; /* while locked: a reset flushes the cache, then frees b's record */
       gpumem__tc_unlock_fast(c);
-      *out = (void *)b->addr;
+      *out = addr;
       return 1;
     }
     return -1;
