@@ -548,3 +548,9 @@ gpumem_status gpumem__check_invariants(gpumem_context *ctx) {
   }
   return GPUMEM_OK;
 }
+
+size_t gpumem__stream_records(gpumem_context *ctx, int device) {
+  if (ctx == NULL || !valid_device(ctx, device)) return 0;
+  gpumem__pool *p = pool_get(ctx, device);
+  return p != NULL ? gpumem__pool_stream_records(p) : 0;
+}

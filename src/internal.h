@@ -393,5 +393,9 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 /** For tests (not API): the bytes the calling thread's cache holds (0 when it has none). */
 uint64_t gpumem__tc_cached_bytes(void);
+/** For tests (not API): the stream records the pool of a device holds (0 when it has no pool). */
+size_t gpumem__stream_records(gpumem_context *ctx, int device);
+/** The stream records of a pool (stream_order.c; takes its lock). */
+size_t gpumem__pool_stream_records(gpumem__pool *pool);
 
 #endif /* GPUMEM_INTERNAL_H */

@@ -339,6 +339,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  srec_maybe_reap(p);
 #ifdef GPUMEM_DEBUG
   if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after free");
 #endif
@@ -351,6 +352,7 @@ void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream st
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  srec_maybe_reap(p);
   gpumem__mutex_unlock(&p->lock);
 }
 
@@ -379,6 +381,7 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
   *d_allocs = 0;
   *d_frees = 0;
   if (n > 0) gpumem__check_threshold(p);
+  srec_maybe_reap(p);
   gpumem__mutex_unlock(&p->lock);
 }
 
@@ -462,6 +465,8 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     p->ffree = n;
   }
   gpumem__fidx_clear(p->ready, IDX_READY);
+  free(p->orphans);
+  p->orphans = NULL;
   p->empty = NULL;
   p->empty_bytes = 0;
   /* 3. every block struct is unused now */
@@ -633,6 +638,7 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
   gpumem__fidx_clear(p->ready, IDX_READY);
   gpumem__fidx_clear(&p->deferred_set, IDX_DEFERRED);
   p->graph = graph;
+  p->reap_at = SREC_REAP_MIN;
   p->vm = graph ? NULL : gpumem__vm_pool_new(ctx, device, p->total, &p->st);
   p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
   if (p->vm != NULL) gpumem__vm_set_guard(p->vm, gpumem__vm_guard, p);
