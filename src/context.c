@@ -31,7 +31,8 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
   ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
   ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
-  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
+  ctx->reset_gen = calloc((size_t)ctx->ndev, sizeof *ctx->reset_gen);
+  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL || ctx->reset_gen == NULL) {
     st = GPUMEM_ERR_OUT_OF_MEMORY;
     goto fail_backend;
   }
@@ -40,6 +41,7 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   for (int i = 0; i < ctx->ndev; i++) {
     atomic_init(&ctx->pools[i], NULL);
     atomic_init(&ctx->devinfo_ok[i], 0);
+    atomic_init(&ctx->reset_gen[i], 0);
   }
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
   *out = ctx;
@@ -49,6 +51,7 @@ fail_backend:
   free(ctx->pools);
   free(ctx->devinfo);
   free(ctx->devinfo_ok);
+  free(ctx->reset_gen);
   gpumem__backend_close(ctx);
 fail_map:
   gpumem__ptrmap_destroy(&ctx->map);
@@ -151,6 +154,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   free(ctx->pools);
   free(ctx->devinfo);
   free(ctx->devinfo_ok);
+  free(ctx->reset_gen);
   gpumem__ptrmap_destroy(&ctx->map);
   gpumem__mutex_destroy(&ctx->lock);
   free(ctx);
@@ -449,6 +453,8 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;
+    /* before the blocks go: a scope that allocated before this moment frees none of them (scope.c) */
+    atomic_fetch_add_explicit(&ctx->reset_gen[d], 1u, memory_order_acq_rel);
     /* every cache lock is held across the reset: a free racing it lands in a cache flushed here, or fails */
     if (p != NULL && ctx->tc_on) {
       gpumem__tc_lock_all();

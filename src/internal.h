@@ -279,6 +279,7 @@ struct gpumem_context {
   _Atomic(gpumem__pool *) *pools; /* ndev entries, created lazily */
   gpumem_backend_device_info *devinfo; /* ndev entries: the static part of gpumem_device_get_info, cached */
   atomic_int *devinfo_ok;         /* ndev flags: devinfo[i] filled (set under lock, release) */
+  _Atomic uint64_t *reset_gen;  /* ndev counters: gpumem_reset calls on the device so far (scope.c) */
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
   unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */

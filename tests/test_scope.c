@@ -152,10 +152,46 @@ static void test_scope_tags_in_leak_report(void **state) {
   tu_log_free(log);
 }
 
+/* A scope that survives a reset of its device frees nothing it allocated before the reset: those
+ * addresses may belong to someone else by then. What it allocates after the reset it frees. */
+static void test_scope_survives_reset(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_scope *sc = NULL;
+  assert_status(gpumem_scope_begin(ctx, 0, NULL, &sc), GPUMEM_OK);
+  void *a = NULL, *b = NULL;
+  assert_status(gpumem_scope_alloc(sc, 4096, &a), GPUMEM_OK);
+  assert_status(gpumem_scope_alloc(sc, 3 * TU_MiB, &b), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  /* the same sizes again: another owner gets the same addresses (first fits in fresh segments) */
+  void *x = NULL, *y = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 4096, NULL, &x), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &y), GPUMEM_OK);
+  void *c = NULL;
+  assert_status(gpumem_scope_alloc(sc, 8192, &c), GPUMEM_OK); /* after the reset: the scope's own */
+  assert_status(gpumem_scope_end(sc), GPUMEM_OK);
+  size_t sz = 0;
+  assert_status(gpumem_ptr_info(ctx, x, &sz, NULL), GPUMEM_OK); /* still live */
+  assert_status(gpumem_ptr_info(ctx, y, &sz, NULL), GPUMEM_OK);
+  assert_status(gpumem_ptr_info(ctx, c, &sz, NULL), GPUMEM_ERR_INVALID_POINTER); /* freed by the end */
+  assert_int_equal(tu_stats(ctx, 0).num_live, 2);
+  assert_status(gpumem_free(ctx, x, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, NULL), GPUMEM_OK);
+  /* a reset of another device leaves the scope's pointers alone */
+  assert_status(gpumem_scope_begin(ctx, 0, NULL, &sc), GPUMEM_OK);
+  assert_status(gpumem_scope_alloc(sc, 4096, &a), GPUMEM_OK);
+  int ndev = 0;
+  assert_status(gpumem_device_count(ctx, &ndev), GPUMEM_OK);
+  if (ndev > 1) assert_status(gpumem_reset(ctx, 1, 0), GPUMEM_OK);
+  assert_status(gpumem_scope_end(sc), GPUMEM_OK);
+  assert_int_equal(tu_stats(ctx, 0).num_live, 0);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_buffer),       TU_TEST(test_gpumem_scoped),        TU_TEST(test_scope),
-      TU_TEST(test_scope_errors), TU_TEST(test_scope_tags_in_leak_report),
+      TU_TEST(test_scope_errors), TU_TEST(test_scope_tags_in_leak_report), TU_TEST(test_scope_survives_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
