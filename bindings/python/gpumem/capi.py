@@ -128,6 +128,7 @@ class Config(Structure):
         ("log_callback", LOG_FN),
         ("log_user", c_void_p),
         ("log_level", c_int),
+        ("expandable", c_int),
     ]
 
 
