@@ -206,7 +206,10 @@ typedef struct gpumem__tc_acct {
   int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while this or another thread cache of the pool
                       * could hold blocks (it returned GPUMEM_ERR_BUSY) */
   gpumem__block *last;  /* set by gpumem__pool_alloc on success: the block handed out ... */
-  uint64_t last_state;  /* ... and its state then (the cache remembers them, tcache.h) */
+  uint64_t last_state;  /* ... its state then (the cache remembers them, tcache.h) ... */
+  size_t last_size;     /* ... and its size */
+  int hopeless;         /* set by gpumem__pool_alloc: refused a request no flush can help (above the limit or the
+                         * device), counted and logged once already */
 } gpumem__tc_acct;
 
 /** Bytes held in the cache of acct (kept as budget - room: the inlined free tests and updates room alone). */
@@ -238,8 +241,8 @@ void gpumem__pool_put_cached(gpumem__pool *pool, gpumem__tc_acct *acct, gpumem__
 /** A thread cache was keyed to this pool (delta 1) or stopped being (-1), or (0) none changed; returns how many
  *  are keyed to it now. Thread-safe. */
 int gpumem__pool_tc_keyed(gpumem__pool *pool, int delta);
-/** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). The pool lock is not needed. */
-uint64_t gpumem__pool_tc_budget(const gpumem__pool *pool);
+/** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). Takes the pool lock (not held by the caller). */
+uint64_t gpumem__pool_tc_budget(gpumem__pool *pool);
 /** Raise the allocated peak to the pool's allocated bytes minus acct->cached; renew acct->headroom. */
 void gpumem__pool_tc_peak(gpumem__pool *pool, gpumem__tc_acct *acct);
 /** The pool lock and statistics, for the thread caches' exact reads (tcache.c). */

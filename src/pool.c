@@ -198,9 +198,11 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
     gpumem__mutex_lock(&p->lock);
     if (p->limit != 0 && rsize > p->limit) {
       st = GPUMEM_ERR_LIMIT_EXCEEDED;
+      if (acct != NULL) acct->hopeless = 1;
     } else if (p->total != 0 && rsize > p->total) {
       st = GPUMEM_ERR_OUT_OF_MEMORY; /* can never fit: no trimming, no callback */
       attempt = 1;
+      if (acct != NULL) acct->hopeless = 1;
     } else {
       /* the caller's cache holds blocks, or another thread's cache may */
       p->nogrow = acct != NULL && (gpumem__tc_acct_cached(acct) > 0 || atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 1);
@@ -237,6 +239,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       p->st.allocated_bytes += b->size;
       if (acct != NULL) {
         acct->last = b;
+        acct->last_size = b->size; /* (read here: once unlocked, a stale free of this address may merge b) */
         acct->last_state = atomic_load_explicit(&b->state, memory_order_relaxed);
         gpumem__pool_tc_peak(p, acct); /* the caller's cached blocks are not allocated */
       } else if (p->st.allocated_bytes > p->st.allocated_peak) {
@@ -256,9 +259,10 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
     }
     if (st == GPUMEM_ERR_LIMIT_EXCEEDED) {
       p->st.num_limit_exceeded++;
+      uint64_t limit = p->limit; /* (gpumem_set_limit changes it under the lock) */
       gpumem__mutex_unlock(&p->lock);
       LOG(p, GPUMEM_LOG_WARN, "device %d: allocation of %zu bytes refused: it would pass the limit of %llu bytes",
-          p->device, size, (unsigned long long)p->limit);
+          p->device, size, (unsigned long long)limit);
       return st;
     }
     if (st != GPUMEM_ERR_OUT_OF_MEMORY || attempt > 0 || ctx->opt.oom_callback == NULL) {
@@ -394,10 +398,14 @@ void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
   acct->headroom = room < cached ? room : cached;
 }
 
-uint64_t gpumem__pool_tc_budget(const gpumem__pool *p) {
+uint64_t gpumem__pool_tc_budget(gpumem__pool *p) {
   /* a 64th of what the device may hold (its total, or the limit). (Thread caches are on only while
-   * the release threshold is unlimited, context.c: none holds memory a threshold would give back.) */
-  uint64_t base = p->limit != 0 && (p->total == 0 || p->limit < p->total) ? p->limit : p->total;
+   * the release threshold is unlimited, context.c: none holds memory a threshold would give back.)
+   * The limit is read under the pool lock: gpumem_set_limit changes it there. */
+  gpumem__mutex_lock(&p->lock);
+  uint64_t limit = p->limit;
+  gpumem__mutex_unlock(&p->lock);
+  uint64_t base = limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
   uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
   return b < GPUMEM__TC_MAX_BYTES ? b : GPUMEM__TC_MAX_BYTES;
 }

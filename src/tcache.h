@@ -189,11 +189,13 @@ static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
   return &c->own[(key * 0x9E3779B97F4A7C15u) >> (64 - GPUMEM__TC_OWN_LOG)];
 }
 
-/* Remember block b (of bsize bytes, class k), live with state `state` when this cache hands it out.
- * Cache lock held. */
-static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize, unsigned k) {
-  gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
-  o->key = b->addr;
+/* Remember block b at addr (of bsize bytes, class k), live with state `state` when this cache hands
+ * it out. Cache lock held. (addr and bsize come from the caller: a block the pool handed out may be
+ * freed by a stale pointer on another thread meanwhile, so its record is not read here.) */
+static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uintptr_t addr, uint64_t state, size_t bsize,
+                                       unsigned k) {
+  gpumem__tc_own *o = gpumem__tc_own_of(c, addr);
+  o->key = addr;
   o->b = b;
   o->state = state;
   o->meta = bsize | k;
