@@ -133,7 +133,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
             (unsigned long long)count, (unsigned long long)bytes,
             (flags & GPUMEM_DESTROY_FORCE) ? " (freed by GPUMEM_DESTROY_FORCE)" : "");
     for (size_t i = 0; i < nfirst; i++)
-      bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %.40s%s%s", (void *)first[i].ptr,
+      bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %s%.40s%s", (void *)first[i].ptr,
               first[i].size, first[i].requested, first[i].device, first[i].tag ? "\"" : "",
               first[i].tag ? first[i].tag : "(none)", first[i].tag ? "\"" : "");
     if (count > nfirst) bappend(msg, sizeof msg, &len, "; ... %llu more", (unsigned long long)(count - nfirst));

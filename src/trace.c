@@ -388,15 +388,27 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx) {
   if (gpumem__mutex_init(&ctx->trace_lock) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
   if (gpumem__be_has_annotations(ctx)) mon_set(ctx, GPUMEM__MON_ANNOTATE, 1);
   const char *env = (ctx->opt.flags & GPUMEM_CONFIG_NO_ENV) ? NULL : getenv("GPUMEM_TRACE");
+  /* as every GPUMEM_* variable: empty or blanks = unset, surrounding blanks are not part of the value */
+  size_t len = 0;
   if (env != NULL) {
+    while (*env == ' ' || *env == '\t' || *env == '\n' || *env == '\r' || *env == '\v' || *env == '\f') env++;
+    len = strlen(env);
+    while (len > 0 && (env[len - 1] == ' ' || env[len - 1] == '\t' || env[len - 1] == '\n' || env[len - 1] == '\r' ||
+                       env[len - 1] == '\v' || env[len - 1] == '\f'))
+      len--;
+  }
+  if (len > 0) {
     gpumem_status st;
-    if (env[0] == '\0') {
-      gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "GPUMEM_TRACE is set but empty: expected a file path");
-      st = GPUMEM_ERR_INVALID_ARGUMENT;
+    char *path = malloc(len + 1);
+    if (path == NULL) {
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
     } else {
+      memcpy(path, env, len);
+      path[len] = '\0';
       gpumem__mutex_lock(&ctx->trace_lock);
-      st = trace_open_locked(ctx, env, "GPUMEM_TRACE");
+      st = trace_open_locked(ctx, path, "GPUMEM_TRACE");
       gpumem__mutex_unlock(&ctx->trace_lock);
+      free(path);
       /* every refusal at create is a bad environment value */
       if (st == GPUMEM_ERR_NOT_SUPPORTED || st == GPUMEM_ERR_BUSY) st = GPUMEM_ERR_INVALID_ARGUMENT;
     }

@@ -293,13 +293,33 @@ static void test_env_file(void **state) {
   assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
   assert_null(bad);
   assert_int_equal(tu_log_count_matching(log, "GPUMEM_TRACE", "/nonexistent-dir-gpumem/x.txt", NULL), 1);
-  /* empty and .gz are refused too */
-  tu_setenv("GPUMEM_TRACE", "");
-  assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
+  /* .gz is refused too */
   tu_setenv("GPUMEM_TRACE", "/tmp/x.txt.gz");
   assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
-  assert_true(tu_log_count_matching(log, "GPUMEM_TRACE", NULL) >= 3);
+  assert_true(tu_log_count_matching(log, "GPUMEM_TRACE", NULL) >= 2);
   tu_log_free(log);
+
+  /* empty or blanks: unset, as for every GPUMEM_* variable (no trace, no file named by blanks) */
+  tu_setenv("GPUMEM_TRACE", "");
+  ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK); /* no trace was being recorded */
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  tu_setenv("GPUMEM_TRACE", "   ");
+  ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  assert_int_equal(access("   ", F_OK), -1);
+  /* surrounding blanks are not part of the path */
+  char padded[600];
+  snprintf(padded, sizeof padded, "  %s \t", path);
+  unlink(path);
+  tu_setenv("GPUMEM_TRACE", padded);
+  ctx = tu_ctx_new(NULL);
+  tu_ctx_done(ctx);
+  assert_int_equal(access(path, R_OK), 0);
+  unlink(path);
 
   /* %p and %c expand */
   char pat[512], want_path[600];
@@ -419,6 +439,55 @@ static void test_reset_and_devices(void **state) {
   unlink(path);
 }
 
+/* gpumem-replay reads traces strictly: a line that is not a comment, an 'a ID SIZE STREAM
+ * [DEVICE]' or an 'f ID' with decimal fields is refused, and a long comment is one comment. */
+#ifdef GPUMEM_REPLAY_BIN
+static int replay_rc(const char *path, const void *content, size_t n, char *out, size_t cap) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(content, 1, n, f), n);
+  fclose(f);
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
+  FILE *pf = popen(cmd, "r");
+  assert_non_null(pf);
+  size_t got = fread(out, 1, cap - 1, pf);
+  out[got] = '\0';
+  return pclose(pf);
+}
+#endif
+
+static void test_replay_strict(void **state) {
+  (void)state;
+#ifdef GPUMEM_REPLAY_BIN
+  char path[512], out[8192];
+  tmp_path(path, sizeof path, "strict");
+  static const char *const bad[] = {
+      "a 5\n", "a 1 100banana 0\n", "a 1 -5 0\n", "a 1 99999999999999999999999 0\n", "a1 5 0\n",
+      "f\n", "f 1x\n", "a 1 5 0 1 2\n", "x 1\n", "a 1 5 0 99999999999\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = replay_rc(path, bad[i], strlen(bad[i]), out, sizeof out);
+    if (rc == 0 || strstr(out, "FAILED") == NULL) fail_msg("accepted %s:\n%s", bad[i], out);
+  }
+  char zeros[4096];
+  memset(zeros, 0, sizeof zeros);
+  int rc = replay_rc(path, zeros, sizeof zeros, out, sizeof out);
+  if (rc == 0 || strstr(out, "NUL") == NULL) fail_msg("accepted a file of NUL bytes:\n%s", out);
+  /* a comment longer than any buffer, whose tail looks like an event; CRLF line ends */
+  char longc[2048];
+  size_t n = 0;
+  longc[n++] = '#';
+  while (n < 1500) longc[n++] = 'x';
+  n += (size_t)snprintf(longc + n, sizeof longc - n, " a 1 5 0\r\na 1 4096 0 1\r\nf 1\r\n");
+  rc = replay_rc(path, longc, n, out, sizeof out);
+  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("refused a long comment:\n%s", out);
+  unlink(path);
+#else
+  skip();
+#endif
+}
+
 /* ---------------------------------------------------------------------- */
 /* fork: the trace is the parent's                                         */
 
@@ -508,7 +577,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_round_trip), TU_TEST(test_env_file), TU_TEST(test_api_errors),
       TU_TEST(test_threads),    TU_TEST(test_reset_and_devices), TU_TEST(test_fork_child_exit),
-      TU_TEST(test_exit_flushes),
+      TU_TEST(test_exit_flushes), TU_TEST(test_replay_strict),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
