@@ -283,9 +283,13 @@ gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, g
   /* allocations routed to a graph pool are decided where no thread cache is keyed (tc_alloc) */
   if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
     return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr, looked);
-  if (gpumem__graph_alloc_routed(ctx, device, size, stream, tag, out_ptr, &st)) return st;
-  st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
-  if (GPUMEM__MON_ON(ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
+  const int mon = GPUMEM__MON_ON(ctx);
+  if (mon) gpumem__monitor_alloc_enter(ctx);
+  if (!gpumem__graph_alloc_routed(ctx, device, size, stream, tag, out_ptr, &st)) {
+    st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
+    if (mon && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
+  }
+  if (mon) gpumem__monitor_alloc_exit(ctx);
   return st;
 }
 

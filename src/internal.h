@@ -291,6 +291,7 @@ struct gpumem_context {
   /* trace.c: monitoring (traces, checking-tool annotations) */
   _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
   gpumem__mutex trace_lock;     /* guards trace and the trace file */
+  pthread_rwlock_t mon_rw;      /* monitored allocations (read) against monitored resets (write): trace.c */
   struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
   /* graph.c: graph pools and the streams routed to them */
   atomic_int nroutes;           /* routed streams; while > 0 (a capture may be under way): no thread cache is
@@ -377,6 +378,9 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx);
 void gpumem__monitor_fini(gpumem_context *ctx);
 /** After a successful allocation of `size` requested bytes. */
 void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream);
+/** Around a monitored allocation (the pool's and gpumem__monitor_alloc): no monitored reset runs between them. */
+void gpumem__monitor_alloc_enter(gpumem_context *ctx);
+void gpumem__monitor_alloc_exit(gpumem_context *ctx);
 /** gpumem_free of a non-NULL ptr with monitoring: annotates, calls gpumem__free_unmonitored, records. */
 gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
 /** gpumem__pool_reset with monitoring (annotations withdrawn, frees recorded; undone when the reset fails). */

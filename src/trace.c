@@ -386,6 +386,10 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx) {
   atomic_init(&ctx->mon, 0u);
   ctx->trace = NULL;
   if (gpumem__mutex_init(&ctx->trace_lock) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
+  if (pthread_rwlock_init(&ctx->mon_rw, NULL) != 0) {
+    gpumem__mutex_destroy(&ctx->trace_lock);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
   if (gpumem__be_has_annotations(ctx)) mon_set(ctx, GPUMEM__MON_ANNOTATE, 1);
   const char *env = (ctx->opt.flags & GPUMEM_CONFIG_NO_ENV) ? NULL : getenv("GPUMEM_TRACE");
   /* as every GPUMEM_* variable: empty or blanks = unset, surrounding blanks are not part of the value */
@@ -413,6 +417,7 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx) {
       if (st == GPUMEM_ERR_NOT_SUPPORTED || st == GPUMEM_ERR_BUSY) st = GPUMEM_ERR_INVALID_ARGUMENT;
     }
     if (st != GPUMEM_OK) {
+      pthread_rwlock_destroy(&ctx->mon_rw);
       gpumem__mutex_destroy(&ctx->trace_lock);
       return st;
     }
@@ -425,7 +430,17 @@ void gpumem__monitor_fini(gpumem_context *ctx) {
   (void)trace_close_locked(ctx);
   gpumem__mutex_unlock(&ctx->trace_lock);
   gpumem__mutex_destroy(&ctx->trace_lock);
+  pthread_rwlock_destroy(&ctx->mon_rw);
 }
+
+/* A monitored allocation is the pool's allocation, then its announcement and trace line under
+ * trace_lock. A monitored reset between the two would withdraw the annotation of a block not yet
+ * announced, and the announcement would then come for a block already invalidated (valgrind: an
+ * invalid free, then overlapping blocks; a trace: an 'a' line whose block the reset ended). So
+ * monitored allocations hold mon_rw for reading across both, a monitored reset holds it for
+ * writing. (Frees are serialised with resets by trace_lock already.) */
+void gpumem__monitor_alloc_enter(gpumem_context *ctx) { (void)pthread_rwlock_rdlock(&ctx->mon_rw); }
+void gpumem__monitor_alloc_exit(gpumem_context *ctx) { (void)pthread_rwlock_unlock(&ctx->mon_rw); }
 
 void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
@@ -518,6 +533,7 @@ void gpumem__monitor_drop(gpumem_context *ctx, gpumem__pool *pool) {
 }
 
 gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
+  (void)pthread_rwlock_wrlock(&ctx->mon_rw); /* no monitored allocation half done (see monitor_alloc_enter) */
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   int device = gpumem__pool_device(pool);
   gpumem__mutex_lock(&ctx->trace_lock);
@@ -530,6 +546,7 @@ gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
     if ((mon & GPUMEM__MON_TRACE) && ctx->trace != NULL) trace_reset_locked(ctx->trace, device);
   }
   gpumem__mutex_unlock(&ctx->trace_lock);
+  (void)pthread_rwlock_unlock(&ctx->mon_rw);
   free(live);
   return st;
 }

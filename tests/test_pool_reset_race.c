@@ -88,7 +88,20 @@ static void finish(gpumem_context *ctx) {
   tu_ctx_done(ctx);
 }
 
+/* Under valgrind's memcheck the sim announces every block to memcheck: the workers' frees of
+ * pointers a reset invalidated (whose address another worker may hold by then, the misuse these
+ * tests include on purpose) are double frees to it. Those cases run natively, under ASan and
+ * TSan; test_reset_vs_alloc_only runs under memcheck too. */
+#define SKIP_STALE_FREES_ON_VALGRIND()                                               \
+  do {                                                                               \
+    if (tu_on_valgrind()) {                                                          \
+      print_message("skipped under memcheck: stale frees after a reset, on purpose\n"); \
+      skip();                                                                        \
+    }                                                                                \
+  } while (0)
+
 static void reset_race(const gpumem_config *cfg, int streams) {
+  SKIP_STALE_FREES_ON_VALGRIND();
   g_ctx = tu_ctx_new(cfg);
   pthread_t th[WORKERS];
   wargs a[WORKERS];
@@ -141,6 +154,7 @@ static void test_trace_start_vs_alloc(void **state) {
   char path[512];
   const char *dir = getenv("TMPDIR");
   snprintf(path, sizeof path, "%s/gpumem_test_reset_race_%ld.txt", dir && *dir ? dir : "/tmp", (long)getpid());
+  SKIP_STALE_FREES_ON_VALGRIND();
   g_ctx = tu_ctx_new(NULL);
   pthread_t th[WORKERS];
   wargs a[WORKERS];
@@ -162,10 +176,44 @@ static void test_trace_start_vs_alloc(void **state) {
   unlink(path);
 }
 
+/* Workers that only allocate (no stale free is possible) while the main thread resets: the reset
+ * and the allocations' monitoring hooks keep their order. Under memcheck (the sim annotates every
+ * block), a reset withdrew the annotation of a block allocated but not yet announced, which was
+ * then announced after it had been invalidated: an invalid free, then overlapping blocks. */
+static void *alloc_only(void *arg) {
+  unsigned id = (unsigned)(uintptr_t)arg;
+  uint64_t rng = 0x51ED2701u * (id + 3);
+  unsigned long n = tu_scaled(3000, 300);
+  for (unsigned long i = 0; i < n; i++) {
+    void *p = NULL;
+    gpumem_status s = gpumem_alloc(g_ctx, 0, (size_t)tu_rand_range(&rng, 1, 256 * 1024), NULL, &p);
+    if (s != GPUMEM_OK) bad("alloc", s);
+  }
+  return NULL;
+}
+
+static void test_reset_vs_alloc_only(void **state) {
+  (void)state;
+  g_ctx = tu_ctx_new(NULL);
+  atomic_store(&g_bad, 0);
+  pthread_t th[WORKERS];
+  for (unsigned i = 0; i < WORKERS; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, alloc_only, (void *)(uintptr_t)i), 0);
+  unsigned long rounds = tu_scaled(200, 40);
+  for (unsigned long i = 0; i < rounds; i++) {
+    gpumem_status s = gpumem_reset(g_ctx, 0, 0);
+    if (s != GPUMEM_OK) bad("reset", s);
+    sched_yield();
+  }
+  for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
+  if (atomic_load(&g_bad) != 0) fail_msg("%d bad result(s), first: %s", atomic_load(&g_bad), g_bad_what);
+  finish(g_ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_reset_vs_alloc_cached), TU_TEST(test_reset_vs_alloc_streams), TU_TEST(test_reset_vs_alloc_pool),
-      TU_TEST(test_reset_vs_alloc_plain),  TU_TEST(test_trace_start_vs_alloc),
+      TU_TEST(test_reset_vs_alloc_plain),  TU_TEST(test_trace_start_vs_alloc), TU_TEST(test_reset_vs_alloc_only),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

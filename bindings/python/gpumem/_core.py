@@ -768,6 +768,14 @@ def _ptr(v: Any) -> int:
     return p
 
 
+def _cint(v: Any, what: str) -> int:
+    """An int argument that must fit the C ``int`` (never wrapped)."""
+    n = _int(v, what)
+    if not -(1 << 31) <= n <= _C_INT_MAX:
+        raise _arg_error("%s=%d is out of range" % (what, n))
+    return n
+
+
 def _uint(v: Any, what: str, bits: int) -> int:
     n = _int(v, what)
     if not 0 <= n < (1 << bits):

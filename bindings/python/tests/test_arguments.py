@@ -220,3 +220,37 @@ def test_failed_reset_changes_nothing(ctx):
     assert b.alive and ctx.ptr_info(b.ptr) == (4096, 0)
     b.free()
     assert _live(ctx) == 0
+
+
+def test_sim_controls_check_their_arguments(ctx):
+    if not is_sim(ctx):
+        pytest.skip("sim controls")
+    from gpumem import sim
+
+    for bad in (1.5, "0"):
+        with pytest.raises(TypeError):
+            sim.used_bytes(bad)
+        with pytest.raises(TypeError):
+            sim.fail_nth(bad)
+    with pytest.raises(gpumem.InvalidDeviceError):
+        sim.used_bytes(2**32)  # before: device 0's figure
+    with pytest.raises(gpumem.InvalidDeviceError):
+        sim.set_external_usage(2**32, 1)
+    with pytest.raises(gpumem.InvalidArgumentError):
+        sim.set_external_usage(0, 2**64)
+    with pytest.raises(gpumem.InvalidArgumentError):
+        sim.fail_nth(sim.CALL_MALLOC + 2**32)  # before: a fault armed on malloc
+    with pytest.raises(gpumem.InvalidArgumentError):
+        sim.fail_nth(sim.CALL_MALLOC, nth=-1)
+    with ctx.alloc(3 << 20) as b:  # no fault was armed by the refused calls
+        assert b.alive
+    assert sim.used_bytes(0) >= 0
+
+
+def test_torch_enable_checks_device_first():
+    import gpumem.torch as gt
+
+    with pytest.raises(TypeError):
+        gt.enable(device=1.5)  # before anything (PyTorch is not even imported)
+    with pytest.raises(gpumem.InvalidDeviceError):
+        gt.enable(device=2**32)
