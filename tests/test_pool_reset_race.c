@@ -47,7 +47,8 @@ static void *worker(void *arg) {
     uint64_t r = tu_rand(&rng) % 100;
     size_t n = (size_t)(r < 70 ? tu_rand_range(&rng, 1, 64 * 1024) : r < 95 ? tu_rand_range(&rng, 64 * 1024, 2 * TU_MiB)
                                                                             : tu_rand_range(&rng, 2 * TU_MiB, 12 * TU_MiB));
-    st[k] = (gpumem_stream)(uintptr_t)(w->streams > 1 ? 1 + tu_rand(&rng) % (uint64_t)w->streams : 0);
+    /* (fake stream handles are tokens on sim only; on a GPU every call uses the default stream) */
+    st[k] = (gpumem_stream)(uintptr_t)(w->streams > 1 && tu_is_sim() ? 1 + tu_rand(&rng) % (uint64_t)w->streams : 0);
     gpumem_status s = gpumem_alloc(g_ctx, 0, n, st[k], &ptr[k]);
     if (s != GPUMEM_OK) {
       bad("alloc", s);

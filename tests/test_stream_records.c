@@ -38,6 +38,7 @@ static void churn(gpumem_context *ctx, unsigned long first, unsigned long n, siz
 }
 
 static void many_streams(const gpumem_config *cfg, size_t size) {
+  TU_REQUIRE_SIM(); /* stream handles are tokens on sim */
   gpumem_context *ctx = tu_ctx_new(cfg);
   const unsigned long n = tu_scaled(200000, 5000);
   churn(ctx, 0, 1000, size); /* the pool and its first records exist: measure from here */

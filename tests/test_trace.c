@@ -553,7 +553,11 @@ static char g_exit_path[512];
 static int child_traces_then_exits(void *arg) {
   (void)arg;
   gpumem_context *ctx = NULL;
-  TU_CHECK_STATUS(gpumem_create(NULL, &ctx), GPUMEM_OK);
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = "sim"; /* (a forked child cannot use CUDA once the parent did; the trace is the same) */
+  cfg.flags = GPUMEM_CONFIG_NO_ENV;
+  TU_CHECK_STATUS(gpumem_create(&cfg, &ctx), GPUMEM_OK);
   TU_CHECK_STATUS(gpumem_trace_start(ctx, g_exit_path), GPUMEM_OK);
   void *p = NULL;
   TU_CHECK_STATUS(gpumem_alloc(ctx, 0, 4096, NULL, &p), GPUMEM_OK);
