@@ -12,6 +12,12 @@
  *   changed.
  * - The library never prints unless a log callback is installed or
  *   `GPUMEM_LOG` is set, and never exits or aborts the process.
+ * - A context belongs to the process that created it: in a child made by
+ *   fork(), every function given an inherited context (or a scope or graph
+ *   pool of one) that would take a lock, call the backend or write a file
+ *   returns ::GPUMEM_ERR_NOT_SUPPORTED at once instead (gpumem_device_count(),
+ *   gpumem_backend_name() and gpumem_last_backend_error() still answer); the
+ *   child creates a context of its own.
  * - No CUDA or HIP header is included here; streams are passed as `void *`.
  */
 #ifndef GPUMEM_H
@@ -276,7 +282,8 @@ GPUMEM_API gpumem_status gpumem_device_count(gpumem_context *ctx, int *count);
  * \param ctx    context.
  * \param device visible device ordinal.
  * \param info its `struct_size` must be set (or 0 for the current size).
- * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND;
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (the backend reported out of memory answering).
  * Thread-safe. Restores the caller's current device.
  */
 GPUMEM_API gpumem_status gpumem_device_get_info(gpumem_context *ctx, int device, gpumem_device_info *info);
@@ -490,6 +497,10 @@ GPUMEM_API gpumem_status gpumem_scope_set_tag(gpumem_scope *scope, const char *t
 
 /**
  * \brief End a scope: free everything allocated in it, then the scope itself.
+ *
+ * Blocks the scope allocated before a gpumem_reset() of its device are not freed (the reset
+ * invalidated them, and their addresses may belong to another allocation since); that is not an
+ * error.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL); the first error of a
  *         free (the scope is still ended and every other block freed).
  */
@@ -504,7 +515,9 @@ GPUMEM_API gpumem_status gpumem_scope_end(gpumem_scope *scope);
  * \param device   a device or ::GPUMEM_ALL_DEVICES.
  * \param keep_bytes cached bytes each device may keep (0 = give back everything possible).
  * \param released receives the bytes given back; may be NULL.
- * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND;
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (the backend reported out of memory from a free, unmap or
+ *         synchronisation: what it could give back is given back, the rest stays cached).
  * Waits for pending cross-stream frees to complete first. Thread-safe.
  */
 GPUMEM_API gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, uint64_t *released);
@@ -515,14 +528,17 @@ GPUMEM_API gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t k
  *
  * Takes effect for the next allocation; memory already reserved above the new
  * cap stays until it is freed and trimmed (cached memory above it is trimmed now).
- * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND. Thread-safe.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND;
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (no host memory for the device's pool, or the backend reported out
+ *         of memory while the cached memory above the cap was given back: the cap is set). Thread-safe.
  */
 GPUMEM_API gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint64_t limit_bytes);
 
 /**
  * \brief The current cap on bytes reserved on `device` (0 = none), from the
  *        config's `limit_bytes`/`limit_fraction` or gpumem_set_limit().
- * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE. Thread-safe.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND
+ *         or ::GPUMEM_ERR_OUT_OF_MEMORY (asking the device's total for a `limit_fraction` failed). Thread-safe.
  */
 GPUMEM_API gpumem_status gpumem_get_limit(gpumem_context *ctx, int device, uint64_t *limit_bytes);
 
@@ -539,8 +555,12 @@ GPUMEM_API gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int devi
  * \param device a device or ::GPUMEM_ALL_DEVICES.
  * \param flags  0 or ::GPUMEM_RESET_DEVICE (dangerous: also resets the device for the whole process).
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
- *         ::GPUMEM_ERR_NOT_SUPPORTED (RESET_DEVICE on a backend without device reset); ::GPUMEM_ERR_BACKEND.
- * Later frees of invalidated pointers return ::GPUMEM_ERR_INVALID_POINTER. Thread-safe.
+ *         ::GPUMEM_ERR_NOT_SUPPORTED (RESET_DEVICE on a backend without device reset); ::GPUMEM_ERR_BACKEND
+ *         or ::GPUMEM_ERR_OUT_OF_MEMORY (the backend reported that error synchronising the device:
+ *         then nothing is invalidated, or from the device reset).
+ * Later frees of invalidated pointers return ::GPUMEM_ERR_INVALID_POINTER; a scope on the device
+ * frees nothing it allocated before the reset. Thread-safe, also against allocations and frees on
+ * the same device in other threads (their blocks are invalidated or not, as the order falls).
  */
 GPUMEM_API gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags);
 
@@ -699,7 +719,11 @@ GPUMEM_API gpumem_status gpumem_share_reclaim(gpumem_context *ctx, int device, u
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx or path NULL or empty, or the file
  *         cannot be created: logged with the reason); ::GPUMEM_ERR_BUSY (a trace is already
  *         being recorded); ::GPUMEM_ERR_NOT_SUPPORTED (path ends in ".gz");
- *         ::GPUMEM_ERR_OUT_OF_MEMORY (host).
+ *         ::GPUMEM_ERR_OUT_OF_MEMORY (host); ::GPUMEM_ERR_NOT_SUPPORTED (ctx was inherited through fork()).
+ *
+ * The file is written with write(2) from a buffer of the library's own, never a stdio FILE: a
+ * forked child that exits without calling the library writes nothing into it. What is buffered
+ * is written at gpumem_trace_stop(), gpumem_destroy(), or when the process exits.
  */
 GPUMEM_API gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *path);
 
@@ -710,7 +734,9 @@ GPUMEM_API gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *pat
  * \param ctx context.
  * \return ::GPUMEM_OK (also when no trace was being recorded); ::GPUMEM_ERR_INVALID_ARGUMENT
  *         (ctx NULL, or writing or closing the file failed, e.g. disk full: the trace is
- *         incomplete, the reason is logged, and recording has stopped all the same).
+ *         incomplete, the reason is logged, and recording has stopped all the same);
+ *         ::GPUMEM_ERR_NOT_SUPPORTED (ctx was inherited through fork(): the trace is the parent's,
+ *         the child neither writes nor closes it).
  */
 GPUMEM_API gpumem_status gpumem_trace_stop(gpumem_context *ctx);
 

@@ -17,9 +17,16 @@
  * Destructors never throw. All classes are move-only; a moved-from object is
  * empty and its destructor does nothing.
  *
- * Lifetime rule: a gpumem::context must outlive every gpumem::buffer and
- * gpumem::scope made from it (declare the context first, so that it is
- * destroyed last).
+ * Lifetimes: a gpumem::buffer or gpumem::scope made by a gpumem::context
+ * shares ownership of the C context with it. If the gpumem::context object is
+ * destroyed first (member order, a scope declared outside the context's block),
+ * the C context stays alive until the last such handle is gone, and is then
+ * destroyed as ~context() would have (forced, with a leak report, if raw
+ * allocations are still live): a handle never frees into a destroyed context.
+ * context::destroy() refuses (::GPUMEM_ERR_BUSY) while such handles are alive.
+ * Handles that do not come from a gpumem::context (a buffer built from a C
+ * ::gpumem_buffer, scope(gpumem_scope *), buffer::detach()'s result, raw
+ * pointers) follow the C rule: the context must outlive them.
  *
  * Thread safety is that of the C functions wrapped: a context may be used by
  * many threads at once; one buffer or scope object must be used by one thread
@@ -32,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -75,10 +83,36 @@ inline void check(gpumem_status s, const char *what) {
   if (s != GPUMEM_OK) throw error(s, what);
 }
 
+class context;
+
+/** \brief Implementation details of the wrappers. */
+namespace detail {
+/**
+ * \brief The C context shared by a gpumem::context and the buffers and scopes it made.
+ *
+ * Destroyed with the last of them: then the C context is destroyed (forced when raw allocations
+ * are still live) unless ownership was given up with context::release().
+ */
+struct context_state {
+  gpumem_context *ctx = nullptr; ///< the C context
+  bool owned = true;             ///< false after context::release(): the caller destroys it
+  /** \brief Own `c`. */
+  explicit context_state(gpumem_context *c) noexcept : ctx(c) {}
+  context_state(const context_state &) = delete;            ///< not copyable
+  context_state &operator=(const context_state &) = delete; ///< not copyable
+  /** \brief Destroys the C context as ~context() does. */
+  ~context_state() {
+    if (ctx == nullptr || !owned) return;
+    if (gpumem_destroy(ctx, 0) == GPUMEM_ERR_BUSY) (void)gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
+  }
+};
+} // namespace detail
+
 /**
  * \brief An owned allocation (wraps ::gpumem_buffer); freed on its stream when destroyed.
  *
- * Made by context::alloc(). Move-only.
+ * Made by context::alloc(): it keeps the C context alive until it is gone (see the file's
+ * lifetime notes). Move-only.
  */
 class buffer {
 public:
@@ -89,14 +123,15 @@ public:
   explicit buffer(gpumem_buffer &&b) noexcept : b_(b) { b = gpumem_buffer{}; }
 
   /** \brief Move: `other` is left empty. */
-  buffer(buffer &&other) noexcept : b_(other.b_) { other.b_ = gpumem_buffer{}; }
+  buffer(buffer &&other) noexcept : b_(other.b_), owner_(std::move(other.owner_)) { other.b_ = gpumem_buffer{}; }
 
   /** \brief Move assignment: frees the memory held so far, then takes `other`'s. */
   buffer &operator=(buffer &&other) noexcept {
     if (this != &other) {
-      gpumem_buffer_release(&b_);
+      release();
       b_ = other.b_;
       other.b_ = gpumem_buffer{};
+      owner_ = std::move(other.owner_);
     }
     return *this;
   }
@@ -105,7 +140,7 @@ public:
   buffer &operator=(const buffer &) = delete; ///< not copyable
 
   /** \brief Frees the memory (gpumem_buffer_release()); errors are ignored. */
-  ~buffer() { gpumem_buffer_release(&b_); }
+  ~buffer() { gpumem_buffer_release(&b_); } // (owner_, destroyed after, may destroy the context)
 
   /** \brief The device pointer; nullptr when empty (also for a 0-byte allocation). */
   void *get() const noexcept { return b_.ptr; }
@@ -129,28 +164,41 @@ public:
   const gpumem_buffer &c_buffer() const noexcept { return b_; }
 
   /** \brief Free the memory now (on its stream) and leave the buffer empty; harmless when empty. */
-  void release() noexcept { gpumem_buffer_release(&b_); }
+  void release() noexcept {
+    gpumem_buffer_release(&b_);
+    owner_.reset();
+  }
 
   /**
    * \brief Give up ownership without freeing: returns the C handle and leaves this object empty.
    *
-   * The caller must later pass the handle to gpumem_buffer_release().
+   * The caller must later pass the handle to gpumem_buffer_release(), while the context lives
+   * (the handle does not keep it alive).
    */
   gpumem_buffer detach() noexcept {
     gpumem_buffer out = b_;
     b_ = gpumem_buffer{};
+    owner_.reset();
     return out;
   }
 
 private:
+  friend class context;
+  buffer(gpumem_buffer &&b, std::shared_ptr<detail::context_state> owner) noexcept
+      : b_(b), owner_(std::move(owner)) {
+    b = gpumem_buffer{};
+  }
+
   gpumem_buffer b_;
+  std::shared_ptr<detail::context_state> owner_; // keeps the C context alive while b_ holds memory
 };
 
 /**
  * \brief A region (wraps ::gpumem_scope): everything allocated in it is freed when it ends.
  *
- * Made by context::scope(). Ends in its destructor, or earlier with end().
- * Move-only; used by one thread at a time.
+ * Made by context::scope(): it keeps the C context alive until it is gone (see the file's
+ * lifetime notes). Ends in its destructor, or earlier with end(). Move-only; used by one thread
+ * at a time.
  */
 class scope {
 public:
@@ -161,13 +209,14 @@ public:
   explicit scope(gpumem_scope *s) noexcept : s_(s) {}
 
   /** \brief Move: `other` is left empty. */
-  scope(scope &&other) noexcept : s_(std::exchange(other.s_, nullptr)) {}
+  scope(scope &&other) noexcept : s_(std::exchange(other.s_, nullptr)), owner_(std::move(other.owner_)) {}
 
   /** \brief Move assignment: ends the scope held so far, then takes `other`'s. */
   scope &operator=(scope &&other) noexcept {
     if (this != &other) {
       if (s_) (void)gpumem_scope_end(s_);
       s_ = std::exchange(other.s_, nullptr);
+      owner_ = std::move(other.owner_);
     }
     return *this;
   }
@@ -213,7 +262,9 @@ public:
   void end() {
     if (!s_) return;
     gpumem_scope *s = std::exchange(s_, nullptr);
-    check(gpumem_scope_end(s), "gpumem_scope_end");
+    gpumem_status st = gpumem_scope_end(s);
+    owner_.reset(); // (may destroy the context: after the scope's frees)
+    check(st, "gpumem_scope_end");
   }
 
   /** \brief True while the scope has not ended. */
@@ -223,7 +274,11 @@ public:
   gpumem_scope *get() const noexcept { return s_; }
 
 private:
+  friend class context;
+  scope(gpumem_scope *s, std::shared_ptr<detail::context_state> owner) noexcept : s_(s), owner_(std::move(owner)) {}
+
   gpumem_scope *s_ = nullptr;
+  std::shared_ptr<detail::context_state> owner_; // keeps the C context alive until the scope ends
 };
 
 /**
@@ -232,7 +287,9 @@ private:
  * The destructor destroys the context normally; if allocations are still
  * live (::GPUMEM_ERR_BUSY, a leak report is logged) it destroys it again
  * with ::GPUMEM_DESTROY_FORCE, so that the memory always goes back. Call
- * destroy() to see the status instead.
+ * destroy() to see the status instead. While buffers or scopes made from it
+ * are alive, the destructor leaves the C context to them: the last one to go
+ * destroys it (see the file's lifetime notes).
  */
 class context {
 public:
@@ -240,7 +297,7 @@ public:
    * \brief Create a context with the default configuration (backend "auto"; `GPUMEM_*` environment applies).
    * \throws gpumem::error with any status of gpumem_create().
    */
-  context() { check(gpumem_create(nullptr, &ctx_), "gpumem_create"); }
+  context() { own(nullptr); }
 
   /**
    * \brief Create a context on a named backend ("auto", "cuda", "hip", "sim"), other settings default.
@@ -251,7 +308,7 @@ public:
     gpumem_config cfg;
     gpumem_config_init(&cfg);
     cfg.backend = backend;
-    check(gpumem_create(&cfg, &ctx_), "gpumem_create");
+    own(&cfg);
   }
 
   /** \brief As context(const char *). \throws gpumem::error with any status of gpumem_create(). */
@@ -261,19 +318,23 @@ public:
    * \brief Create a context from a full configuration (start from gpumem_config_init()).
    * \throws gpumem::error with any status of gpumem_create().
    */
-  explicit context(const gpumem_config &cfg) { check(gpumem_create(&cfg, &ctx_), "gpumem_create"); }
+  explicit context(const gpumem_config &cfg) { own(&cfg); }
 
-  /** \brief Take ownership of a context made with gpumem_create(). */
-  static context adopt(gpumem_context *raw) noexcept { return context(raw, adopt_tag{}); }
+  /**
+   * \brief Take ownership of a context made with gpumem_create().
+   * \throws std::bad_alloc when no host memory is left for the shared ownership record; `raw`
+   *         then stays the caller's.
+   */
+  static context adopt(gpumem_context *raw) { return context(raw, adopt_tag{}); }
 
   /** \brief Move: `other` is left empty. */
-  context(context &&other) noexcept : ctx_(std::exchange(other.ctx_, nullptr)) {}
+  context(context &&other) noexcept : st_(std::move(other.st_)) {}
 
   /** \brief Move assignment: destroys the context held so far (as the destructor does), then takes `other`'s. */
   context &operator=(context &&other) noexcept {
     if (this != &other) {
       close_noexcept();
-      ctx_ = std::exchange(other.ctx_, nullptr);
+      st_ = std::move(other.st_);
     }
     return *this;
   }
@@ -281,37 +342,58 @@ public:
   context(const context &) = delete;            ///< not copyable
   context &operator=(const context &) = delete; ///< not copyable
 
-  /** \brief Destroys the context; forces (::GPUMEM_DESTROY_FORCE) when allocations are still live. */
+  /**
+   * \brief Destroys the context; forces (::GPUMEM_DESTROY_FORCE) when allocations are still live.
+   *
+   * While buffers or scopes made from it are alive, the C context is destroyed (the same way)
+   * when the last of them is gone instead.
+   */
   ~context() { close_noexcept(); }
 
   /**
    * \brief Destroy the context now.
    * \param flags 0 or ::GPUMEM_DESTROY_FORCE.
    * \throws gpumem::error with ::GPUMEM_ERR_BUSY when live allocations remain and
-   *         FORCE is not given: the context then stays owned and usable.
+   *         FORCE is not given, or (FORCE or not) while buffers or scopes made from
+   *         this context are alive (they would free into a destroyed context): the
+   *         context then stays owned and usable.
    */
   void destroy(unsigned flags = 0) {
-    if (!ctx_) return;
-    check(gpumem_destroy(ctx_, flags), "gpumem_destroy");
-    ctx_ = nullptr;
+    if (!st_) return;
+    if (st_.use_count() > 1)
+      throw error(GPUMEM_ERR_BUSY, "gpumem::context::destroy (buffers or scopes made from the context are alive)");
+    check(gpumem_destroy(st_->ctx, flags), "gpumem_destroy");
+    st_->ctx = nullptr;
+    st_.reset();
   }
 
   /** \brief The raw C handle (still owned by this object); nullptr when empty. */
-  gpumem_context *get() const noexcept { return ctx_; }
+  gpumem_context *get() const noexcept { return st_ ? st_->ctx : nullptr; }
 
-  /** \brief Give up ownership: returns the raw handle, which the caller must gpumem_destroy(). */
-  gpumem_context *release() noexcept { return std::exchange(ctx_, nullptr); }
+  /**
+   * \brief Give up ownership: returns the raw handle, which the caller must gpumem_destroy().
+   *
+   * Buffers and scopes made from this context that are still alive then follow the C rule:
+   * destroy the context only after them.
+   */
+  gpumem_context *release() noexcept {
+    if (!st_) return nullptr;
+    gpumem_context *raw = st_->ctx;
+    st_->owned = false;
+    st_.reset();
+    return raw;
+  }
 
   /** \brief True when the object owns a context. */
-  explicit operator bool() const noexcept { return ctx_ != nullptr; }
+  explicit operator bool() const noexcept { return st_ != nullptr; }
 
   /** \brief The backend's name ("cuda", "hip", "sim", ...); "" when empty. */
-  const char *backend_name() const noexcept { return gpumem_backend_name(ctx_); }
+  const char *backend_name() const noexcept { return gpumem_backend_name(raw_()); }
 
   /** \brief Number of visible devices. \throws gpumem::error. */
   int device_count() const {
     int n = 0;
-    check(gpumem_device_count(ctx_, &n), "gpumem_device_count");
+    check(gpumem_device_count(raw_(), &n), "gpumem_device_count");
     return n;
   }
 
@@ -322,7 +404,7 @@ public:
   gpumem_device_info device_info(int device) const {
     gpumem_device_info info{};
     info.struct_size = sizeof info;
-    check(gpumem_device_get_info(ctx_, device, &info), "gpumem_device_get_info");
+    check(gpumem_device_get_info(raw_(), device, &info), "gpumem_device_get_info");
     return info;
   }
 
@@ -335,8 +417,9 @@ public:
    */
   buffer alloc(std::size_t bytes, int device = 0, gpumem_stream stream = nullptr) {
     gpumem_buffer b{};
-    check(gpumem_buffer_alloc(ctx_, device, bytes, stream, &b), "gpumem_buffer_alloc");
-    return buffer(std::move(b));
+    check(gpumem_buffer_alloc(raw_(), device, bytes, stream, &b), "gpumem_buffer_alloc");
+    if (!b.ptr) return buffer(std::move(b));
+    return buffer(std::move(b), st_);
   }
 
   /**
@@ -349,10 +432,10 @@ public:
    */
   buffer alloc_tagged(std::size_t bytes, const char *tag, int device = 0, gpumem_stream stream = nullptr) {
     void *p = nullptr;
-    check(gpumem_alloc_tagged(ctx_, device, bytes, stream, tag, &p), "gpumem_alloc_tagged");
+    check(gpumem_alloc_tagged(raw_(), device, bytes, stream, tag, &p), "gpumem_alloc_tagged");
     if (!p) return buffer();
-    gpumem_buffer b{ctx_, p, bytes, device, stream};
-    return buffer(std::move(b));
+    gpumem_buffer b{raw_(), p, bytes, device, stream};
+    return buffer(std::move(b), st_);
   }
 
   /**
@@ -361,8 +444,8 @@ public:
    */
   gpumem::scope scope(int device = 0, gpumem_stream stream = nullptr) {
     gpumem_scope *s = nullptr;
-    check(gpumem_scope_begin(ctx_, device, stream, &s), "gpumem_scope_begin");
-    return gpumem::scope(s);
+    check(gpumem_scope_begin(raw_(), device, stream, &s), "gpumem_scope_begin");
+    return gpumem::scope(s, st_);
   }
 
   /**
@@ -374,7 +457,7 @@ public:
    */
   std::uint64_t trim(int device = GPUMEM_ALL_DEVICES, std::uint64_t keep_bytes = 0) {
     std::uint64_t released = 0;
-    check(gpumem_trim(ctx_, device, keep_bytes, &released), "gpumem_trim");
+    check(gpumem_trim(raw_(), device, keep_bytes, &released), "gpumem_trim");
     return released;
   }
 
@@ -387,7 +470,7 @@ public:
    * \param flags  0 or ::GPUMEM_RESET_DEVICE (dangerous: resets the device for the whole process).
    * \throws gpumem::error (::GPUMEM_ERR_NOT_SUPPORTED, ...).
    */
-  void reset(int device, unsigned flags = 0) { check(gpumem_reset(ctx_, device, flags), "gpumem_reset"); }
+  void reset(int device, unsigned flags = 0) { check(gpumem_reset(raw_(), device, flags), "gpumem_reset"); }
 
   /**
    * \brief Statistics of one device, or the sum over all with ::GPUMEM_ALL_DEVICES.
@@ -396,36 +479,47 @@ public:
   gpumem_stats stats(int device = GPUMEM_ALL_DEVICES) const {
     gpumem_stats st{};
     st.struct_size = sizeof st;
-    check(gpumem_get_stats(ctx_, device, &st), "gpumem_get_stats");
+    check(gpumem_get_stats(raw_(), device, &st), "gpumem_get_stats");
     return st;
   }
 
   /** \brief Reset the peak statistics of a device (or all) to the current values. \throws gpumem::error. */
   void reset_peak_stats(int device = GPUMEM_ALL_DEVICES) {
-    check(gpumem_reset_peak_stats(ctx_, device), "gpumem_reset_peak_stats");
+    check(gpumem_reset_peak_stats(raw_(), device), "gpumem_reset_peak_stats");
   }
 
   /** \brief Allocate raw memory (gpumem_alloc()); free it with free(). \throws gpumem::error. */
   void *alloc_raw(std::size_t bytes, int device = 0, gpumem_stream stream = nullptr) {
     void *p = nullptr;
-    check(gpumem_alloc(ctx_, device, bytes, stream, &p), "gpumem_alloc");
+    check(gpumem_alloc(raw_(), device, bytes, stream, &p), "gpumem_alloc");
     return p;
   }
 
   /** \brief Free raw memory from alloc_raw() in order on `stream`. \throws gpumem::error (::GPUMEM_ERR_INVALID_POINTER, ...). */
-  void free(void *ptr, gpumem_stream stream = nullptr) { check(gpumem_free(ctx_, ptr, stream), "gpumem_free"); }
+  void free(void *ptr, gpumem_stream stream = nullptr) { check(gpumem_free(raw_(), ptr, stream), "gpumem_free"); }
 
 private:
   struct adopt_tag {};
-  context(gpumem_context *raw, adopt_tag) noexcept : ctx_(raw) {}
+  context(gpumem_context *raw, adopt_tag) : st_(raw != nullptr ? std::make_shared<detail::context_state>(raw) : nullptr) {}
 
-  void close_noexcept() noexcept {
-    if (!ctx_) return;
-    if (gpumem_destroy(ctx_, 0) == GPUMEM_ERR_BUSY) (void)gpumem_destroy(ctx_, GPUMEM_DESTROY_FORCE);
-    ctx_ = nullptr;
+  /* Create the C context and own it (a failure to allocate the record destroys it again). */
+  void own(const gpumem_config *cfg) {
+    gpumem_context *raw = nullptr;
+    check(gpumem_create(cfg, &raw), "gpumem_create");
+    try {
+      st_ = std::make_shared<detail::context_state>(raw);
+    } catch (...) {
+      (void)gpumem_destroy(raw, GPUMEM_DESTROY_FORCE);
+      throw;
+    }
   }
 
-  gpumem_context *ctx_ = nullptr;
+  gpumem_context *raw_() const noexcept { return st_ ? st_->ctx : nullptr; }
+
+  /* Drop this object's share: the C context is destroyed now, or by the last buffer or scope. */
+  void close_noexcept() noexcept { st_.reset(); }
+
+  std::shared_ptr<detail::context_state> st_;
 };
 
 } // namespace gpumem

@@ -31,7 +31,8 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
   ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
   ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
-  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL) {
+  ctx->reset_gen = calloc((size_t)ctx->ndev, sizeof *ctx->reset_gen);
+  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL || ctx->reset_gen == NULL) {
     st = GPUMEM_ERR_OUT_OF_MEMORY;
     goto fail_backend;
   }
@@ -40,6 +41,7 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   for (int i = 0; i < ctx->ndev; i++) {
     atomic_init(&ctx->pools[i], NULL);
     atomic_init(&ctx->devinfo_ok[i], 0);
+    atomic_init(&ctx->reset_gen[i], 0);
   }
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
   *out = ctx;
@@ -49,6 +51,7 @@ fail_backend:
   free(ctx->pools);
   free(ctx->devinfo);
   free(ctx->devinfo_ok);
+  free(ctx->reset_gen);
   gpumem__backend_close(ctx);
 fail_map:
   gpumem__ptrmap_destroy(&ctx->map);
@@ -130,7 +133,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
             (unsigned long long)count, (unsigned long long)bytes,
             (flags & GPUMEM_DESTROY_FORCE) ? " (freed by GPUMEM_DESTROY_FORCE)" : "");
     for (size_t i = 0; i < nfirst; i++)
-      bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %.40s%s%s", (void *)first[i].ptr,
+      bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %s%.40s%s", (void *)first[i].ptr,
               first[i].size, first[i].requested, first[i].device, first[i].tag ? "\"" : "",
               first[i].tag ? first[i].tag : "(none)", first[i].tag ? "\"" : "");
     if (count > nfirst) bappend(msg, sizeof msg, &len, "; ... %llu more", (unsigned long long)(count - nfirst));
@@ -151,6 +154,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   free(ctx->pools);
   free(ctx->devinfo);
   free(ctx->devinfo_ok);
+  free(ctx->reset_gen);
   gpumem__ptrmap_destroy(&ctx->map);
   gpumem__mutex_destroy(&ctx->lock);
   free(ctx);
@@ -279,9 +283,13 @@ gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, g
   /* allocations routed to a graph pool are decided where no thread cache is keyed (tc_alloc) */
   if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
     return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr, looked);
-  if (gpumem__graph_alloc_routed(ctx, device, size, stream, tag, out_ptr, &st)) return st;
-  st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
-  if (GPUMEM__MON_ON(ctx) && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
+  const int mon = GPUMEM__MON_ON(ctx);
+  if (mon) gpumem__monitor_alloc_enter(ctx);
+  if (!gpumem__graph_alloc_routed(ctx, device, size, stream, tag, out_ptr, &st)) {
+    st = gpumem__pool_alloc(p, size, stream, tag, out_ptr, NULL);
+    if (mon && st == GPUMEM_OK) gpumem__monitor_alloc(ctx, device, *out_ptr, size, stream);
+  }
+  if (mon) gpumem__monitor_alloc_exit(ctx);
   return st;
 }
 
@@ -449,6 +457,8 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;
+    /* before the blocks go: a scope that allocated before this moment frees none of them (scope.c) */
+    atomic_fetch_add_explicit(&ctx->reset_gen[d], 1u, memory_order_acq_rel);
     /* every cache lock is held across the reset: a free racing it lands in a cache flushed here, or fails */
     if (p != NULL && ctx->tc_on) {
       gpumem__tc_lock_all();
@@ -547,4 +557,10 @@ gpumem_status gpumem__check_invariants(gpumem_context *ctx) {
     }
   }
   return GPUMEM_OK;
+}
+
+size_t gpumem__stream_records(gpumem_context *ctx, int device) {
+  if (ctx == NULL || !valid_device(ctx, device)) return 0;
+  gpumem__pool *p = pool_get(ctx, device);
+  return p != NULL ? gpumem__pool_stream_records(p) : 0;
 }

@@ -308,6 +308,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
   guard_ctx(p, stream, 1, p->solo != SOLO_MANY);
   int clean_only = p->quarantine && stream != p->solo_s;
   gpumem__srec *r = p->solo == SOLO_ONE ? p->solo_r : srec_find(p, stream);
+  if (r != NULL) r->sweep = p->sweeps; /* named by this call: its free blocks stay its own (gpumem__srec_reap) */
   size_t g = gpumem__vm_granularity(p->vm);
   int synced = 0;
   vm_pick k;

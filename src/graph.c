@@ -137,6 +137,7 @@ out:
 gpumem_status gpumem_graph_pool_end(gpumem_graph_pool *gp, gpumem_stream stream) {
   if (gp == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem_context *ctx = gp->ctx;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem_status st = GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem__mutex_lock(&ctx->lock);
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
@@ -200,6 +201,7 @@ static uint64_t pool_live(gpumem__pool *p) {
 gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
   if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem_context *ctx = gp->ctx;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem_status st = GPUMEM_OK;
   gpumem__mutex_lock(&ctx->lock);
   if (gp->nroutes > 0) {
@@ -221,6 +223,7 @@ gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
 
 gpumem_status gpumem_graph_pool_get_stats(gpumem_graph_pool *gp, gpumem_stats *out) {
   if (gp == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(gp->ctx)) return gpumem__forked_status(gp->ctx, __func__);
   size_t want = out->struct_size ? out->struct_size : sizeof *out;
   if (want < offsetof(gpumem_stats, allocated_peak)) return GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem_stats st;

@@ -213,7 +213,10 @@ typedef struct gpumem__tc_acct {
   int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while this or another thread cache of the pool
                       * could hold blocks (it returned GPUMEM_ERR_BUSY) */
   gpumem__block *last;  /* set by gpumem__pool_alloc on success: the block handed out ... */
-  uint64_t last_state;  /* ... and its state then (the cache remembers them, tcache.h) */
+  uint64_t last_state;  /* ... its state then (the cache remembers them, tcache.h) ... */
+  size_t last_size;     /* ... and its size */
+  int hopeless;         /* set by gpumem__pool_alloc: refused a request no flush can help (above the limit or the
+                         * device), counted and logged once already */
 } gpumem__tc_acct;
 
 /** Bytes held in the cache of acct (kept as budget - room: the inlined free tests and updates room alone). */
@@ -245,8 +248,8 @@ void gpumem__pool_put_cached(gpumem__pool *pool, gpumem__tc_acct *acct, gpumem__
 /** A thread cache was keyed to this pool (delta 1) or stopped being (-1), or (0) none changed; returns how many
  *  are keyed to it now. Thread-safe. */
 int gpumem__pool_tc_keyed(gpumem__pool *pool, int delta);
-/** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). The pool lock is not needed. */
-uint64_t gpumem__pool_tc_budget(const gpumem__pool *pool);
+/** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). Takes the pool lock (not held by the caller). */
+uint64_t gpumem__pool_tc_budget(gpumem__pool *pool);
 /** Raise the allocated peak to the pool's allocated bytes minus acct->cached; renew acct->headroom. */
 void gpumem__pool_tc_peak(gpumem__pool *pool, gpumem__tc_acct *acct);
 /** The pool lock and statistics, for the thread caches' exact reads (tcache.c). */
@@ -288,6 +291,7 @@ struct gpumem_context {
   _Atomic(gpumem__pool *) *pools; /* ndev entries, created lazily */
   gpumem_backend_device_info *devinfo; /* ndev entries: the static part of gpumem_device_get_info, cached */
   atomic_int *devinfo_ok;         /* ndev flags: devinfo[i] filled (set under lock, release) */
+  _Atomic uint64_t *reset_gen;  /* ndev counters: gpumem_reset calls on the device so far (scope.c) */
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
   unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */
@@ -296,6 +300,7 @@ struct gpumem_context {
   /* trace.c: monitoring (traces, checking-tool annotations) */
   _Atomic unsigned mon;         /* GPUMEM__MON_* bits; 0 = the entry points skip every hook (one branch) */
   gpumem__mutex trace_lock;     /* guards trace and the trace file */
+  pthread_rwlock_t mon_rw;      /* monitored allocations (read) against monitored resets (write): trace.c */
   struct gpumem__trace *trace;  /* the trace being recorded, or NULL */
   /* graph.c: graph pools and the streams routed to them */
   atomic_int nroutes;           /* routed streams; while > 0 (a capture may be under way): no thread cache is
@@ -382,6 +387,9 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx);
 void gpumem__monitor_fini(gpumem_context *ctx);
 /** After a successful allocation of `size` requested bytes. */
 void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream);
+/** Around a monitored allocation (the pool's and gpumem__monitor_alloc): no monitored reset runs between them. */
+void gpumem__monitor_alloc_enter(gpumem_context *ctx);
+void gpumem__monitor_alloc_exit(gpumem_context *ctx);
 /** gpumem_free of a non-NULL ptr with monitoring: annotates, calls gpumem__free_unmonitored, records. */
 gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
 /** gpumem__pool_reset with monitoring (annotations withdrawn, frees recorded; undone when the reset fails). */
@@ -402,5 +410,9 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 /** For tests (not API): the bytes the calling thread's cache holds (0 when it has none). */
 uint64_t gpumem__tc_cached_bytes(void);
+/** For tests (not API): the stream records the pool of a device holds (0 when it has no pool). */
+size_t gpumem__stream_records(gpumem_context *ctx, int device);
+/** The stream records of a pool (stream_order.c; takes its lock). */
+size_t gpumem__pool_stream_records(gpumem__pool *pool);
 
 #endif /* GPUMEM_INTERNAL_H */

@@ -199,9 +199,11 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
     gpumem__mutex_lock(&p->lock);
     if (p->limit != 0 && rsize > p->limit) {
       st = GPUMEM_ERR_LIMIT_EXCEEDED;
+      if (acct != NULL) acct->hopeless = 1;
     } else if (p->total != 0 && rsize > p->total) {
       st = GPUMEM_ERR_OUT_OF_MEMORY; /* can never fit: no trimming, no callback */
       attempt = 1;
+      if (acct != NULL) acct->hopeless = 1;
     } else {
       /* the caller's cache holds blocks, or another thread's cache may */
       p->nogrow = acct != NULL && (gpumem__tc_acct_cached(acct) > 0 || atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 1);
@@ -215,8 +217,15 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       }
     }
     if (st == GPUMEM_OK) {
+      /* the block's fields are set before the index publishes it: a free on another thread finds it
+       * there (a stale pointer of a block a reset invalidated may be this address again) */
+      b->requested = size;
+      b->tag = tag;
+      b->uses = NULL;
       if (gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) != 0) {
         /* host out of memory: give the unused block back as a free on its stream */
+        b->requested = 0;
+        b->tag = NULL;
         gpumem__srec *r = gpumem__srec_get(p, stream);
         if (r != NULL) {
           b->fseq = ++r->seq;
@@ -228,12 +237,10 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
         gpumem__mutex_unlock(&p->lock);
         return GPUMEM_ERR_OUT_OF_MEMORY;
       }
-      b->requested = size;
-      b->tag = tag;
-      b->uses = NULL;
       p->st.allocated_bytes += b->size;
       if (acct != NULL) {
         acct->last = b;
+        acct->last_size = b->size; /* (read here: once unlocked, a stale free of this address may merge b) */
         acct->last_state = atomic_load_explicit(&b->state, memory_order_relaxed);
         gpumem__pool_tc_peak(p, acct); /* the caller's cached blocks are not allocated */
       } else if (p->st.allocated_bytes > p->st.allocated_peak) {
@@ -246,15 +253,18 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
 #ifdef GPUMEM_DEBUG
       if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after alloc");
 #endif
+      /* read under the lock: once it is released, a reset on another thread may free b's record */
+      void *addr = (void *)b->addr;
       gpumem__mutex_unlock(&p->lock);
-      *out = (void *)b->addr;
+      *out = addr;
       return GPUMEM_OK;
     }
     if (st == GPUMEM_ERR_LIMIT_EXCEEDED) {
       p->st.num_limit_exceeded++;
+      uint64_t limit = p->limit; /* (gpumem_set_limit changes it under the lock) */
       gpumem__mutex_unlock(&p->lock);
       LOG(p, GPUMEM_LOG_WARN, "device %d: allocation of %zu bytes refused: it would pass the limit of %llu bytes",
-          p->device, size, (unsigned long long)p->limit);
+          p->device, size, (unsigned long long)limit);
       return st;
     }
     if (st == GPUMEM_ERR_OUT_OF_MEMORY && attempt == 0 && asks < GPUMEM__SHARE_ROUNDS && p->share != NULL) {
@@ -427,6 +437,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  srec_maybe_reap(p);
   gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
 #ifdef GPUMEM_DEBUG
   if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after free");
@@ -440,6 +451,7 @@ void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream st
   guard_ctx(p, stream, 1, 0);
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
+  srec_maybe_reap(p);
   gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
   gpumem__mutex_unlock(&p->lock);
 }
@@ -469,6 +481,7 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
   *d_allocs = 0;
   *d_frees = 0;
   if (n > 0) gpumem__check_threshold(p);
+  srec_maybe_reap(p);
   gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
   gpumem__mutex_unlock(&p->lock);
 }
@@ -482,10 +495,14 @@ void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
   acct->headroom = room < cached ? room : cached;
 }
 
-uint64_t gpumem__pool_tc_budget(const gpumem__pool *p) {
+uint64_t gpumem__pool_tc_budget(gpumem__pool *p) {
   /* a 64th of what the device may hold (its total, or the limit). (Thread caches are on only while
-   * the release threshold is unlimited, context.c: none holds memory a threshold would give back.) */
-  uint64_t base = p->limit != 0 && (p->total == 0 || p->limit < p->total) ? p->limit : p->total;
+   * the release threshold is unlimited, context.c: none holds memory a threshold would give back.)
+   * The limit is read under the pool lock: gpumem_set_limit changes it there. */
+  gpumem__mutex_lock(&p->lock);
+  uint64_t limit = p->limit;
+  gpumem__mutex_unlock(&p->lock);
+  uint64_t base = limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
   uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
   return b < GPUMEM__TC_MAX_BYTES ? b : GPUMEM__TC_MAX_BYTES;
 }
@@ -553,6 +570,8 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     p->ffree = n;
   }
   gpumem__fidx_clear(p->ready, IDX_READY);
+  free(p->orphans);
+  p->orphans = NULL;
   p->empty = NULL;
   p->empty_bytes = 0;
   /* 3. every block struct is unused now */
@@ -724,6 +743,7 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
   gpumem__fidx_clear(p->ready, IDX_READY);
   gpumem__fidx_clear(&p->deferred_set, IDX_DEFERRED);
   p->graph = graph;
+  p->reap_at = SREC_REAP_MIN;
   p->vm = graph ? NULL : gpumem__vm_pool_new(ctx, device, p->total, &p->st);
   p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
   if (p->vm != NULL) gpumem__vm_set_guard(p->vm, gpumem__vm_guard, p);

@@ -65,7 +65,7 @@
 #define GPUMEM__LARGE_ROUND (2 * MiB) /* bigger requests get their own segment, rounded to this */
 
 enum { CLS_SMALL = 0, CLS_LARGE = 1, CLS_MIXED = 2, CLS_COUNT = 3 };
-enum { IDX_STREAM = 0, IDX_PENDING = 1, IDX_READY = 2, IDX_DEFERRED = 3 };
+enum { IDX_STREAM = 0, IDX_PENDING = 1, IDX_READY = 2, IDX_DEFERRED = 3, IDX_ORPHAN = 4 };
 /* Segment kinds: plain backend-malloc segments, and expandable ones: one
  * reserved address range whose granules are mapped on demand (vmseg.c;
  * the glue is in "Expandable segments" below). */
@@ -126,6 +126,7 @@ struct gpumem__srec {
   gpumem_event mev;            /* single-stream mark: event recorded on the stream ... */
   uint64_t mark_seq;           /* ... after its free number mark_seq */
   int has_mark;
+  uint64_t sweep;              /* pool->sweeps when a call last named the stream (see gpumem__srec_reap) */
 };
 
 struct gpumem__batch {
@@ -168,6 +169,10 @@ struct gpumem__pool {
   int nogrow;                  /* thread caches of this pool may hold blocks: do not grow, let them flush first */
   int grow_blocked;            /* ... and the call would have grown */
   size_t nmarks;               /* streams with a pending mark */
+  size_t reap_at;              /* scount at which the end of a free looks for idle records (stream_order.c) */
+  uint64_t sweeps;             /* sweeps of the stream records so far */
+  gpumem__fidx *orphans;       /* free blocks of streams not named for a sweep, ready after a device
+                                * synchronisation (NULL until the first; never searched) */
   /* Frees of blocks noted on other streams (gpumem_record_stream), waiting for those streams'
    * events; such a block's idx is &deferred_set (in no TLSF: no search finds it). */
   struct gpumem__deferred *deferred;
@@ -236,6 +241,7 @@ void gpumem__drain_to_ready(gpumem__pool *p, gpumem__fidx *f);
 
 /* stream_order.c: stream records, events, pending batches, the solo path */
 gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s);
+size_t gpumem__srec_reap(gpumem__pool *p);
 gpumem__batch *gpumem__harvest(gpumem__pool *p, gpumem__srec *r, int with_event);
 void gpumem__poll_pending(gpumem__pool *p);
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r);
@@ -298,6 +304,14 @@ static inline void guard_ctx(gpumem__pool *p, gpumem_stream stream, int named, i
   p->g_stream = stream;
   p->g_named = named;
   p->g_wait = may_wait;
+}
+
+#define SREC_REAP_MIN 64 /* stream records a pool keeps before it looks for idle ones */
+
+/* At the end of a call that may have made records (a free): drop the idle ones once there are many
+ * (amortised: the next look comes after the count doubled, or SREC_REAP_MIN). No record is held then. */
+static inline void srec_maybe_reap(gpumem__pool *p) {
+  if (GPUMEM__UNLIKELY(p->scount > p->reap_at)) (void)gpumem__srec_reap(p);
 }
 
 static inline void solo_note(gpumem__pool *p, gpumem_stream stream) {

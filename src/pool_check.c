@@ -123,6 +123,10 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
     if (st != GPUMEM_OK) return st;
   }
   CHECK(nb == p->npending);
+  if (p->orphans != NULL) {
+    st = check_fidx(p, p->orphans, IDX_ORPHAN, &seen);
+    if (st != GPUMEM_OK) return st;
+  }
   CHECK(ndeferred == p->ndeferred);
   CHECK(seen == free_blocks);
   CHECK(reserved + (p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0) == p->st.reserved_bytes);

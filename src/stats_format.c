@@ -119,6 +119,7 @@ static void prom_sample_labels(writer *w, const char *backend, int device) {
 gpumem_status gpumem_stats_format(gpumem_context *ctx, int device, gpumem_stats_format_kind format, char *buf,
                                   size_t len, size_t *needed) {
   if (ctx == NULL || (buf == NULL && len != 0)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (format != GPUMEM_STATS_JSON && format != GPUMEM_STATS_PROMETHEUS) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (device != GPUMEM_ALL_DEVICES && (device < 0 || device >= ctx->ndev)) return GPUMEM_ERR_INVALID_DEVICE;
 

@@ -30,12 +30,134 @@ gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s) {
     return NULL;
   }
   r->stream = s;
+  r->sweep = p->sweeps;
   r->idx->srec = r;
   size_t i = stream_hash(s) & (p->scap - 1);
   while (p->stab[i] != NULL) i = (i + 1) & (p->scap - 1);
   p->stab[i] = r;
   p->scount++;
   return r;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Stream record lifetime                                                  */
+/*
+ * A record exists while its stream has something in the pool: free blocks in its own index, a
+ * pending batch, a mark, or the single-stream path's role (solo_r). Once none of that is left, the
+ * record (about 8 KB: the index's buckets) is dropped; the stream gets a new one at its next free.
+ * Nothing else points at a record (batches and free sets only of its own, which are gone then), and
+ * the pool's functions hold a record only within one call under the pool lock, so records are
+ * dropped only at the end of a free (srec_maybe_reap, once there are more than reap_at) or by a
+ * trim, never while a caller holds one. Dropping forgets only the per-stream free counter (fseq)
+ * and harvest point (fed), which order blocks of that record alone.
+ *
+ * A stream that is never named again (an application that makes a stream per request and
+ * destroys it) may leave free blocks without an event in its index: a thread cache's flush gives
+ * blocks back without naming their stream, and the backend is never called with a stream outside a
+ * call that names it (see gpumem__stream_touch), so no event can be recorded for them any more.
+ * Such blocks were usable only after a device synchronisation already; a sweep moves those of
+ * streams not named since the sweep before into one pool-wide set (orphans, never searched), which
+ * the next device synchronisation (trim, reset, the out-of-memory and limit paths) makes READY, and
+ * drops their records. So host memory stays in proportion to the streams in use, not to every
+ * stream ever named. (Graph pools keep theirs: they never synchronise.)
+ */
+
+#define FREE_KEEP 16 /* spare free sets and batch structs kept for reuse after a sweep */
+
+static int srec_idle(const gpumem__pool *p, const gpumem__srec *r) {
+  return r->idx->nblocks == 0 && r->batches == NULL && !r->has_mark && r != p->solo_r;
+}
+
+/* r's free blocks have no event and r was not named since the last sweep: they go to orphans. */
+static int srec_orphan(gpumem__pool *p, gpumem__srec *r) {
+  if (r->idx->nblocks == 0 || r->batches != NULL || r->has_mark || r == p->solo_r || p->graph) return 0;
+  if (r->sweep == p->sweeps) return 0; /* named since the last sweep: it may be named again soon */
+  if (p->orphans == NULL && (p->orphans = gpumem__fidx_new(p, IDX_ORPHAN)) == NULL) return 0;
+  gpumem__fidx *f = r->idx;
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    while (t->fl_bitmap != 0) {
+      int fl = ctz64(t->fl_bitmap);
+      gpumem__block *b = t->heads[fl][__builtin_ctz(t->sl_bitmap[fl])];
+      idx_remove(p, b);
+      insert_coalesce(p, p->orphans, b);
+    }
+  }
+  return 1;
+}
+
+static void srec_free(gpumem__srec *r) {
+  free(r->idx);
+  free(r);
+}
+
+/* Spare free sets and batch structs beyond FREE_KEEP go back to the host. */
+static void spares_trim(gpumem__pool *p) {
+  size_t n = 0;
+  for (gpumem__fidx **pp = &p->ffree; *pp != NULL;) {
+    if (++n <= FREE_KEEP) {
+      pp = &(*pp)->next_free;
+      continue;
+    }
+    gpumem__fidx *f = *pp;
+    *pp = f->next_free;
+    free(f);
+  }
+  n = 0;
+  for (gpumem__batch **pp = &p->batch_free; *pp != NULL;) {
+    if (++n <= FREE_KEEP) {
+      pp = &(*pp)->next;
+      continue;
+    }
+    gpumem__batch *b = *pp;
+    *pp = b->next;
+    free(b);
+  }
+}
+
+size_t gpumem__srec_reap(gpumem__pool *p) {
+  if (p->npending > 0 || p->nmarks > 0) gpumem__poll_pending(p); /* completed batches leave their records idle */
+  size_t keep = 0;
+  for (size_t i = 0; i < p->scap; i++) {
+    gpumem__srec *r = p->stab[i];
+    if (r != NULL && !srec_idle(p, r) && !srec_orphan(p, r)) keep++;
+  }
+  p->sweeps++;
+  size_t dropped = p->scount - keep;
+  if (dropped > 0) {
+    size_t ncap = 8;
+    while ((keep + 1) * 2 > ncap) ncap *= 2;
+    gpumem__srec **nt = calloc(ncap, sizeof *nt);
+    if (nt == NULL) { /* no host memory for the smaller table: keep every record, try at a later sweep */
+      dropped = 0;
+    } else {
+      for (size_t i = 0; i < p->scap; i++) {
+        gpumem__srec *r = p->stab[i];
+        if (r == NULL) continue;
+        if (srec_idle(p, r)) { /* (an orphaned record is idle now) */
+          srec_free(r);
+          continue;
+        }
+        size_t j = stream_hash(r->stream) & (ncap - 1);
+        while (nt[j] != NULL) j = (j + 1) & (ncap - 1);
+        nt[j] = r;
+      }
+      free(p->stab);
+      p->stab = nt;
+      p->scap = ncap;
+      p->scount = keep;
+    }
+  }
+  spares_trim(p);
+  p->reap_at = p->scount * 2 > SREC_REAP_MIN ? p->scount * 2 : SREC_REAP_MIN;
+  return dropped;
+}
+
+size_t gpumem__pool_stream_records(gpumem__pool *p) {
+  gpumem__mutex_lock(&p->lock);
+  size_t n = p->scount;
+  gpumem__mutex_unlock(&p->lock);
+  return n;
 }
 
 static gpumem_status ev_get(gpumem__pool *p, gpumem_event *ev) {
@@ -214,6 +336,7 @@ void gpumem__poll_pending(gpumem__pool *p) {
  * synchronisation (trim, reset, the out-of-memory and limit paths), which
  * makes every free block of the device READY. */
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
+  r->sweep = p->sweeps; /* named by this call (see gpumem__srec_reap) */
   /* graph pools use no events; while a capture may be under way the stream may be the captured
    * one, and an event recorded in a capture cannot be asked (its blocks wait for the next call or
    * a device synchronisation) */
@@ -238,7 +361,7 @@ void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
  * stream's index); pool_pending: that, or READY holds blocks whose stream work may be pending (a
  * single-stream pool's "dirty" READY). */
 int gpumem__pool_pending_blocks(const gpumem__pool *p) {
-  if (p->npending > 0) return 1;
+  if (p->npending > 0 || (p->orphans != NULL && p->orphans->nblocks > 0)) return 1;
   for (size_t i = 0; i < p->scap; i++)
     if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) return 1;
   return 0;
@@ -379,6 +502,7 @@ void gpumem__sync_all(gpumem__pool *p) {
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
     for (size_t i = 0; i < p->scap; i++)
       if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) gpumem__drain_to_ready(p, p->stab[i]->idx);
+    if (p->orphans != NULL && p->orphans->nblocks > 0) gpumem__drain_to_ready(p, p->orphans);
     return;
   }
   if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_WAIT);

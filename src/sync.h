@@ -12,5 +12,7 @@ int gpumem__mutex_init(gpumem__mutex *m);
 void gpumem__mutex_destroy(gpumem__mutex *m);
 #define gpumem__mutex_lock(m) ((void)pthread_mutex_lock(m))
 #define gpumem__mutex_unlock(m) ((void)pthread_mutex_unlock(m))
+/** 1 when taken, 0 when another thread holds it. */
+#define gpumem__mutex_trylock(m) (pthread_mutex_trylock(m) == 0)
 
 #endif /* GPUMEM_SYNC_H */

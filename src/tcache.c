@@ -197,11 +197,17 @@ static void tc_set_pool(gpumem__tc *c, gpumem__pool *p) {
   if (p != NULL) gpumem__pool_tc_keyed(p, +1);
 }
 
+/* Cache lock held. The owner may be inside gpumem__pool_alloc with &c->acct (it reads and writes
+ * the record under the pool lock only, without its cache lock): the record changes under that pool
+ * lock too. */
 static void tc_detach(gpumem__tc *c) {
   c->ctx = NULL;
-  tc_set_pool(c, NULL);
+  gpumem__pool *p = c->pool;
+  if (p != NULL) gpumem__mutex_lock(gpumem__pool_mutex(p));
   c->acct.budget = c->acct.room = 0;
   c->acct.headroom = 0;
+  if (p != NULL) gpumem__mutex_unlock(gpumem__pool_mutex(p));
+  tc_set_pool(c, NULL);
 }
 
 /* Once per context, at its first thread cache: which lock protocol the caches use (info), so that a
@@ -347,8 +353,9 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   if (bsize != 0 && bsize <= c->acct.headroom) {
     c->acct.headroom -= bsize;
     gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
+    void *addr = (void *)b->addr; /* while locked: a reset flushes the cache, then frees b's record */
     gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
-    *out = (void *)b->addr;
+    *out = addr;
     return 1;
   }
   gpumem__tc_unlock_fast(c); /* (taken by the inlined hit's try) */
@@ -374,6 +381,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     c->misses = 0;
     acct = &c->acct;
     acct->last = NULL;
+    acct->hopeless = 0;
     flushes = c->flushes;
     /* (a look just made found nothing; only another thread's flush changed the cache since, and that
      * emptied it) */
@@ -389,8 +397,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
           gpumem__pool_tc_peak(p, &c->acct);
           gpumem__mutex_unlock(gpumem__pool_mutex(p));
         }
+        void *addr = (void *)b->addr; /* while locked (a reset frees the record after its flush) */
         gpumem__tc_unlock(c);
-        *out = (void *)b->addr;
+        *out = addr;
         return GPUMEM_OK;
       }
     }
@@ -413,8 +422,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     if (gpumem__pool_tc_keyed(p, 0) > 1) (void)gpumem__tc_flush(ctx, p, 0); /* the other threads' caches of p */
     st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
-  if (st == GPUMEM_ERR_OUT_OF_MEMORY || st == GPUMEM_ERR_LIMIT_EXCEEDED) {
-    /* every cache of p is empty after the flush (no grow_blocked can come back: acct NULL) */
+  if ((st == GPUMEM_ERR_OUT_OF_MEMORY || st == GPUMEM_ERR_LIMIT_EXCEEDED) && !(acct != NULL && acct->hopeless)) {
+    /* every cache of p is empty after the flush (no grow_blocked can come back: acct NULL). Not for a
+     * request above the limit or the device: the same refusal again, counted and logged twice. */
     if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
   if (acct != NULL && st == GPUMEM_OK && acct->last != NULL && size <= GPUMEM__TC_MAX_SIZE) {
@@ -422,9 +432,9 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
     gpumem__tc_lock(c);
     gpumem__block *b = acct->last;
-    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream &&
-        b->size <= GPUMEM__TC_MAX_SIZE)
-      gpumem__tc_remember(c, b, acct->last_state, b->size, c->class_of[b->size >> 8]);
+    size_t bsize = acct->last_size;
+    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream && bsize <= GPUMEM__TC_MAX_SIZE)
+      gpumem__tc_remember(c, b, (uintptr_t)*out, acct->last_state, bsize, c->class_of[bsize >> 8]);
     acct->last = NULL;
     gpumem__tc_unlock(c);
   }
@@ -471,7 +481,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
     gpumem__tc_push(c, k, b, bsize);
     /* remembered with the state its next pop gives it: this thread's free of it after that claims
      * it without the index (tcache.h) */
-    gpumem__tc_remember(c, b, state + 2u, bsize, k);
+    gpumem__tc_remember(c, b, key, state + 2u, bsize, k);
     c->misses = 0;
     gpumem__tc_unlock(c);
     return GPUMEM_OK;

@@ -189,11 +189,13 @@ static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
   return &c->own[(key * 0x9E3779B97F4A7C15u) >> (64 - GPUMEM__TC_OWN_LOG)];
 }
 
-/* Remember block b (of bsize bytes, class k), live with state `state` when this cache hands it out.
- * Cache lock held. */
-static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uint64_t state, size_t bsize, unsigned k) {
-  gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
-  o->key = b->addr;
+/* Remember block b at addr (of bsize bytes, class k), live with state `state` when this cache hands
+ * it out. Cache lock held. (addr and bsize come from the caller: a block the pool handed out may be
+ * freed by a stale pointer on another thread meanwhile, so its record is not read here.) */
+static inline void gpumem__tc_remember(gpumem__tc *c, gpumem__block *b, uintptr_t addr, uint64_t state, size_t bsize,
+                                       unsigned k) {
+  gpumem__tc_own *o = gpumem__tc_own_of(c, addr);
+  o->key = addr;
   o->b = b;
   o->state = state;
   o->meta = bsize | k;
@@ -282,8 +284,9 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
       GPUMEM__TC_RMW_BARRIER();
       c->acct.headroom -= bsize;
       gpumem__block *b = gpumem__tc_take_last(c, k, last, bsize, size, tag);
+      void *addr = (void *)b->addr; /* while locked: a reset flushes the cache, then frees b's record */
       gpumem__tc_unlock_fast(c);
-      *out = (void *)b->addr;
+      *out = addr;
       return 1;
     }
     return -1;

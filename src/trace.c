@@ -23,6 +23,9 @@
 #include "hashtab.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +41,16 @@ typedef struct trace_slot {
   int device;
 } trace_slot;
 
+/* The trace is written through a buffer of its own and write(2), not a stdio FILE: a process that
+ * forks and whose child ends with exit() (having never called the library) would flush the child's
+ * copy of a FILE's buffer into the file, writing the same lines twice. The child's copy of this
+ * buffer is plain memory that nothing writes out. */
+#define TRACE_BUF ((size_t)1 << 16)
+
 struct gpumem__trace {
-  FILE *f;
+  int fd;
+  size_t used;           /* bytes in buf */
+  char *buf;             /* TRACE_BUF bytes */
   char *path;
   uint64_t next_id;      /* IDs in allocation order, from 1 */
   uint64_t nallocs, nfrees;
@@ -47,7 +58,50 @@ struct gpumem__trace {
   size_t cap;            /* power of two */
   size_t count;
   int write_error;       /* errno of the first failed write, 0 if none */
+  gpumem_context *ctx;
+  struct gpumem__trace *prev, *next; /* g_open */
 };
+
+/* Open traces, so that what is buffered reaches the file when the process exits without closing
+ * them (the process-wide context of the framework entry points is never destroyed). */
+static pthread_mutex_t g_open_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gpumem__trace *g_open;
+static pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+static void trace_flush(struct gpumem__trace *t);
+
+/* At exit: flush the traces of this process's contexts. Not an inherited one's (a forked child's
+ * copy of its parent's trace: its lines are the parent's, which writes them), and none whose lock is
+ * held (a thread inside a call; exit() from a log callback): only try-locks, no waiting. */
+static void trace_atexit(void) {
+  int got = 0;
+  for (int i = 0; i < 1000 && !(got = pthread_mutex_trylock(&g_open_lock) == 0); i++) sched_yield();
+  if (!got) return;
+  for (struct gpumem__trace *t = g_open; t != NULL; t = t->next) {
+    if (GPUMEM__FORKED(t->ctx) || !gpumem__mutex_trylock(&t->ctx->trace_lock)) continue;
+    if (t->ctx->trace == t) trace_flush(t);
+    gpumem__mutex_unlock(&t->ctx->trace_lock);
+  }
+  pthread_mutex_unlock(&g_open_lock);
+}
+static void trace_atexit_register(void) { (void)atexit(trace_atexit); }
+
+static void open_list_add(struct gpumem__trace *t) {
+  (void)pthread_once(&g_exit_once, trace_atexit_register);
+  pthread_mutex_lock(&g_open_lock);
+  t->prev = NULL;
+  t->next = g_open;
+  if (g_open != NULL) g_open->prev = t;
+  g_open = t;
+  pthread_mutex_unlock(&g_open_lock);
+}
+
+static void open_list_remove(struct gpumem__trace *t) {
+  pthread_mutex_lock(&g_open_lock);
+  if (t->prev != NULL) t->prev->next = t->next;
+  else g_open = t->next;
+  if (t->next != NULL) t->next->prev = t->prev;
+  pthread_mutex_unlock(&g_open_lock);
+}
 
 static size_t slot_hash(uintptr_t k, size_t mask) {
   uint64_t x = (uint64_t)k;
@@ -101,9 +155,49 @@ static int map_take(struct gpumem__trace *t, uintptr_t key, uint64_t *id) {
 /* ---------------------------------------------------------------------- */
 /* Writing                                                                 */
 
+/* write(2) all of [s, s + n), retrying short writes and EINTR; 0 or an errno. */
+static int write_all(int fd, const char *s, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, s, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno ? errno : EIO;
+    }
+    if (w == 0) return EIO;
+    s += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static void trace_flush(struct gpumem__trace *t) {
+  if (t->used == 0) return;
+  int e = t->write_error ? 0 : write_all(t->fd, t->buf, t->used);
+  if (e != 0) t->write_error = e;
+  t->used = 0;
+}
+
 static void trace_write(struct gpumem__trace *t, const char *s, size_t n) {
   if (t->write_error) return;
-  if (fwrite(s, 1, n, t->f) != n) t->write_error = errno ? errno : EIO;
+  if (t->used + n > TRACE_BUF) trace_flush(t);
+  if (n > TRACE_BUF) {
+    int e = write_all(t->fd, s, n);
+    if (e != 0 && !t->write_error) t->write_error = e;
+    return;
+  }
+  memcpy(t->buf + t->used, s, n);
+  t->used += n;
+}
+
+static void trace_printf(struct gpumem__trace *t, const char *fmt, ...) GPUMEM__PRINTF(2, 3);
+static void trace_printf(struct gpumem__trace *t, const char *fmt, ...) {
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  trace_write(t, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 /* Decimal digits of v at the end of buf[0..20]; returns the start. */
@@ -127,6 +221,7 @@ static void put_u64(char **w, uint64_t v) {
 static void trace_free_struct(struct gpumem__trace *t) {
   if (t == NULL) return;
   free(t->slots);
+  free(t->buf);
   free(t->path);
   free(t);
 }
@@ -164,7 +259,7 @@ static void write_header(gpumem_context *ctx, struct gpumem__trace *t) {
     fclose(cf);
   }
   comm[strcspn(comm, " \t\r\n")] = '\0';
-  fprintf(t->f,
+  trace_printf(t,
           "# libgpumem trace\n"
           "# format: 'a ID SIZE STREAM [DEVICE]' (SIZE as requested, STREAM the stream handle, DEVICE absent = 0), "
           "'f ID'\n"
@@ -180,15 +275,14 @@ static void write_header(gpumem_context *ctx, struct gpumem__trace *t) {
     memset(&bi, 0, sizeof bi);
     bi.physical_index = -1;
     if (gpumem__be_device_info(ctx, d, &bi) != GPUMEM_OK) {
-      fprintf(t->f, "# device %d (no information)\n", d);
+      trace_printf(t, "# device %d (no information)\n", d);
       continue;
     }
     bi.name[sizeof bi.name - 1] = '\0';
     bi.uuid[sizeof bi.uuid - 1] = '\0';
-    fprintf(t->f, "# device %d name \"%s\" uuid %s total_bytes %llu\n", d, bi.name, bi.uuid,
+    trace_printf(t, "# device %d name \"%s\" uuid %s total_bytes %llu\n", d, bi.name, bi.uuid,
             (unsigned long long)bi.total_bytes);
   }
-  if (ferror(t->f)) t->write_error = errno ? errno : EIO;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -216,22 +310,25 @@ static gpumem_status trace_open_locked(gpumem_context *ctx, const char *path, co
   struct gpumem__trace *t = calloc(1, sizeof *t);
   if (t == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   t->path = expand_path(path, atomic_fetch_add(&g_ctx_counter, 1));
-  if (t->path == NULL || map_grow(t) != 0) {
+  t->fd = -1;
+  t->buf = malloc(TRACE_BUF);
+  if (t->buf == NULL || t->path == NULL || map_grow(t) != 0) {
     trace_free_struct(t);
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
-  t->f = fopen(t->path, "we");
-  if (t->f == NULL) {
+  t->fd = open(t->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (t->fd < 0) {
     int e = errno;
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "%s=%s: cannot create the trace file: %s", what, t->path,
                 strerror(e));
     trace_free_struct(t);
     return GPUMEM_ERR_INVALID_ARGUMENT;
   }
-  setvbuf(t->f, NULL, _IOFBF, 1u << 16);
   t->next_id = 1;
+  t->ctx = ctx;
   write_header(ctx, t);
   ctx->trace = t;
+  open_list_add(t);
   mon_set(ctx, GPUMEM__MON_TRACE, 1);
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "recording an allocation trace into %s", t->path);
   return GPUMEM_OK;
@@ -242,10 +339,11 @@ static gpumem_status trace_close_locked(gpumem_context *ctx) {
   if (t == NULL) return GPUMEM_OK;
   mon_set(ctx, GPUMEM__MON_TRACE, 0);
   ctx->trace = NULL;
-  fprintf(t->f, "# end: %llu allocations, %llu frees, %zu live\n", (unsigned long long)t->nallocs,
-          (unsigned long long)t->nfrees, t->count);
-  if (ferror(t->f) && !t->write_error) t->write_error = errno ? errno : EIO;
-  if (fclose(t->f) != 0 && !t->write_error) t->write_error = errno ? errno : EIO;
+  open_list_remove(t);
+  trace_printf(t, "# end: %llu allocations, %llu frees, %zu live\n", (unsigned long long)t->nallocs,
+               (unsigned long long)t->nfrees, t->count);
+  trace_flush(t);
+  if (close(t->fd) != 0 && !t->write_error) t->write_error = errno ? errno : EIO;
   gpumem_status st = GPUMEM_OK;
   if (t->write_error) {
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "trace %s is incomplete: writing failed: %s", t->path,
@@ -261,6 +359,7 @@ static gpumem_status trace_close_locked(gpumem_context *ctx) {
 
 gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *path) {
   if (ctx == NULL || path == NULL || path[0] == '\0') return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem__mutex_lock(&ctx->trace_lock);
   gpumem_status st = trace_open_locked(ctx, path, "gpumem_trace_start");
   gpumem__mutex_unlock(&ctx->trace_lock);
@@ -272,6 +371,8 @@ gpumem_status gpumem_trace_start(gpumem_context *ctx, const char *path) {
 
 gpumem_status gpumem_trace_stop(gpumem_context *ctx) {
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  /* the trace is the parent's: the child neither writes nor closes it */
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem__mutex_lock(&ctx->trace_lock);
   gpumem_status st = trace_close_locked(ctx);
   gpumem__mutex_unlock(&ctx->trace_lock);
@@ -285,21 +386,38 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx) {
   atomic_init(&ctx->mon, 0u);
   ctx->trace = NULL;
   if (gpumem__mutex_init(&ctx->trace_lock) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
+  if (pthread_rwlock_init(&ctx->mon_rw, NULL) != 0) {
+    gpumem__mutex_destroy(&ctx->trace_lock);
+    return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
   if (gpumem__be_has_annotations(ctx)) mon_set(ctx, GPUMEM__MON_ANNOTATE, 1);
   const char *env = (ctx->opt.flags & GPUMEM_CONFIG_NO_ENV) ? NULL : getenv("GPUMEM_TRACE");
+  /* as every GPUMEM_* variable: empty or blanks = unset, surrounding blanks are not part of the value */
+  size_t len = 0;
   if (env != NULL) {
+    while (*env == ' ' || *env == '\t' || *env == '\n' || *env == '\r' || *env == '\v' || *env == '\f') env++;
+    len = strlen(env);
+    while (len > 0 && (env[len - 1] == ' ' || env[len - 1] == '\t' || env[len - 1] == '\n' || env[len - 1] == '\r' ||
+                       env[len - 1] == '\v' || env[len - 1] == '\f'))
+      len--;
+  }
+  if (len > 0) {
     gpumem_status st;
-    if (env[0] == '\0') {
-      gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "GPUMEM_TRACE is set but empty: expected a file path");
-      st = GPUMEM_ERR_INVALID_ARGUMENT;
+    char *path = malloc(len + 1);
+    if (path == NULL) {
+      st = GPUMEM_ERR_OUT_OF_MEMORY;
     } else {
+      memcpy(path, env, len);
+      path[len] = '\0';
       gpumem__mutex_lock(&ctx->trace_lock);
-      st = trace_open_locked(ctx, env, "GPUMEM_TRACE");
+      st = trace_open_locked(ctx, path, "GPUMEM_TRACE");
       gpumem__mutex_unlock(&ctx->trace_lock);
+      free(path);
       /* every refusal at create is a bad environment value */
       if (st == GPUMEM_ERR_NOT_SUPPORTED || st == GPUMEM_ERR_BUSY) st = GPUMEM_ERR_INVALID_ARGUMENT;
     }
     if (st != GPUMEM_OK) {
+      pthread_rwlock_destroy(&ctx->mon_rw);
       gpumem__mutex_destroy(&ctx->trace_lock);
       return st;
     }
@@ -312,7 +430,17 @@ void gpumem__monitor_fini(gpumem_context *ctx) {
   (void)trace_close_locked(ctx);
   gpumem__mutex_unlock(&ctx->trace_lock);
   gpumem__mutex_destroy(&ctx->trace_lock);
+  pthread_rwlock_destroy(&ctx->mon_rw);
 }
+
+/* A monitored allocation is the pool's allocation, then its announcement and trace line under
+ * trace_lock. A monitored reset between the two would withdraw the annotation of a block not yet
+ * announced, and the announcement would then come for a block already invalidated (valgrind: an
+ * invalid free, then overlapping blocks; a trace: an 'a' line whose block the reset ended). So
+ * monitored allocations hold mon_rw for reading across both, a monitored reset holds it for
+ * writing. (Frees are serialised with resets by trace_lock already.) */
+void gpumem__monitor_alloc_enter(gpumem_context *ctx) { (void)pthread_rwlock_rdlock(&ctx->mon_rw); }
+void gpumem__monitor_alloc_exit(gpumem_context *ctx) { (void)pthread_rwlock_unlock(&ctx->mon_rw); }
 
 void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t size, gpumem_stream stream) {
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
@@ -405,6 +533,7 @@ void gpumem__monitor_drop(gpumem_context *ctx, gpumem__pool *pool) {
 }
 
 gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
+  (void)pthread_rwlock_wrlock(&ctx->mon_rw); /* no monitored allocation half done (see monitor_alloc_enter) */
   unsigned mon = atomic_load_explicit(&ctx->mon, memory_order_relaxed);
   int device = gpumem__pool_device(pool);
   gpumem__mutex_lock(&ctx->trace_lock);
@@ -417,6 +546,7 @@ gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
     if ((mon & GPUMEM__MON_TRACE) && ctx->trace != NULL) trace_reset_locked(ctx->trace, device);
   }
   gpumem__mutex_unlock(&ctx->trace_lock);
+  (void)pthread_rwlock_unlock(&ctx->mon_rw);
   free(live);
   return st;
 }

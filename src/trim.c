@@ -91,6 +91,7 @@ gpumem_status gpumem__pool_trim(gpumem__pool *p, uint64_t keep, uint64_t *releas
   gpumem__mutex_lock(&p->lock);
   guard_ctx(p, NULL, 0, 1);
   gpumem__sync_all(p);
+  (void)gpumem__srec_reap(p); /* the records of streams with nothing left in the pool, too */
   uint64_t rel = 0;
   gpumem_status st = gpumem__release_empty(p, keep, &rel);
   gpumem__count_trim(p, rel, "trim");

@@ -355,6 +355,90 @@ void test_context_moves_and_destroy() {
   CHECK(gpumem_destroy(rc, 0) == GPUMEM_OK);
 }
 
+
+// A buffer or scope that outlives its gpumem::context (member order, a scope declared outside the
+// context's block) frees into a C context that is still alive: the last handle destroys it.
+struct wrong_order {
+  gpumem::buffer buf;   // destroyed after ctx: the members go in reverse order
+  gpumem::scope sc;
+  gpumem::context ctx;
+  wrong_order() : ctx("sim") {
+    buf = ctx.alloc(1u << 20);
+    sc = ctx.scope(0);
+    (void)sc.alloc(4096);
+  }
+};
+
+void test_handles_outlive_context() {
+  gpumem::context keep("sim"); // keeps the process-wide sim state alive
+  std::uint64_t used0 = 0;
+  CHECK(gpumem_sim_used_bytes(0, &used0) == GPUMEM_OK);
+  { wrong_order w; }
+  std::uint64_t used = 0;
+  CHECK(gpumem_sim_used_bytes(0, &used) == GPUMEM_OK);
+  CHECK(used == used0);
+
+  gpumem::buffer b;
+  gpumem::scope s;
+  gpumem_context *raw = nullptr;
+  {
+    gpumem::context ctx("sim");
+    raw = ctx.get();
+    b = ctx.alloc(2u << 20);
+    s = ctx.scope(0);
+    (void)s.alloc(8192);
+  } // the context object is gone; its C context is not
+  CHECK(gpumem_sim_used_bytes(0, &used) == GPUMEM_OK);
+  CHECK(used > used0);
+  void *more = s.alloc(4096); // still usable
+  CHECK(more != nullptr);
+  gpumem_stats st{};
+  st.struct_size = sizeof st;
+  CHECK(gpumem_get_stats(raw, 0, &st) == GPUMEM_OK);
+  CHECK(st.num_live == 3);
+  s.end();
+  b.release(); // the last handle: the C context is destroyed now
+  CHECK(gpumem_sim_used_bytes(0, &used) == GPUMEM_OK);
+  CHECK(used == used0);
+
+  // raw allocations still live when the last handle goes: forced, as ~context() forces
+  {
+    gpumem::buffer last;
+    {
+      gpumem::context ctx("sim");
+      last = ctx.alloc(4096);
+      (void)ctx.alloc_raw(3u << 20); // leaked on purpose
+    }
+  }
+  CHECK(gpumem_sim_used_bytes(0, &used) == GPUMEM_OK);
+  CHECK(used == used0);
+
+  // destroy() refuses while handles are alive, FORCE or not; after them it works
+  gpumem::context c("sim");
+  gpumem::scope empty = c.scope(0); // holds no memory, but would use the context
+  CHECK(throws_status([&] { c.destroy(); }, GPUMEM_ERR_BUSY));
+  CHECK(throws_status([&] { c.destroy(GPUMEM_DESTROY_FORCE); }, GPUMEM_ERR_BUSY));
+  CHECK(c);
+  (void)empty.alloc(256);
+  empty.end();
+  c.destroy();
+  CHECK(!c);
+
+  // a 0-byte buffer holds nothing and does not keep the context
+  gpumem::context z("sim");
+  gpumem::buffer none = z.alloc(0);
+  CHECK(!none);
+  z.destroy();
+
+  // release(): ownership goes to the caller; live handles then follow the C rule
+  gpumem::context r("sim");
+  gpumem::buffer rb = r.alloc(4096);
+  gpumem_context *rraw = r.release();
+  CHECK(!r);
+  rb.release();
+  CHECK(gpumem_destroy(rraw, 0) == GPUMEM_OK);
+}
+
 } // namespace
 
 int main() {
@@ -378,6 +462,7 @@ int main() {
       {"scopes", test_scopes},
       {"trim_reset_stats", test_trim_reset_stats},
       {"context_moves_and_destroy", test_context_moves_and_destroy},
+      {"handles_outlive_context", test_handles_outlive_context},
   };
   for (const auto &t : tests) {
     int before = failures;

@@ -101,11 +101,47 @@ static void test_initial_bytes(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* One refusal is counted and logged once, also when the calling thread's cache holds blocks (the
+ * cache is flushed and the pool asked again only where that can help). */
+static void test_refusal_counted_once(void **state) {
+  (void)state;
+  TU_REQUIRE_CACHES();
+  tu_log *log = tu_log_new();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.limit_bytes = 64 * TU_MiB;
+  tu_log_install(&cfg, log, GPUMEM_LOG_WARN);
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *small[4];
+  for (int i = 0; i < 4; i++) assert_status(gpumem_alloc(ctx, 0, 4096, NULL, &small[i]), GPUMEM_OK);
+  for (int i = 0; i < 4; i++) assert_status(gpumem_free(ctx, small[i], NULL), GPUMEM_OK); /* cached */
+  void *big = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 128 * TU_MiB, NULL, &big), GPUMEM_ERR_LIMIT_EXCEEDED); /* never fits */
+  assert_null(big);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_int_equal(st.num_limit_exceeded, 1);
+  assert_int_equal(tu_log_count_matching(log, "refused", NULL), 1);
+  /* one that fits the limit alone but not beside what is reserved: also once */
+  for (int i = 0; i < 4; i++) assert_status(gpumem_alloc(ctx, 0, 4096, NULL, &small[i]), GPUMEM_OK);
+  void *mid = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, NULL, &mid), GPUMEM_OK);
+  for (int i = 0; i < 4; i++) assert_status(gpumem_free(ctx, small[i], NULL), GPUMEM_OK);
+  void *more = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, NULL, &more), GPUMEM_ERR_LIMIT_EXCEEDED);
+  st = tu_stats(ctx, 0);
+  assert_int_equal(st.num_limit_exceeded, 2);
+  assert_int_equal(tu_log_count_matching(log, "refused", NULL), 2);
+  assert_status(gpumem_free(ctx, mid, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  tu_log_free(log);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_limit_bytes),
       TU_TEST(test_limit_fraction),
       TU_TEST(test_initial_bytes),
+      TU_TEST(test_refusal_counted_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

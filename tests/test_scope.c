@@ -152,10 +152,73 @@ static void test_scope_tags_in_leak_report(void **state) {
   tu_log_free(log);
 }
 
+/* A long tag is cut to 40 characters in the leak report, so that every listed block fits. */
+static void test_long_tag_in_leak_report(void **state) {
+  (void)state;
+  tu_log *log = tu_log_new();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  tu_log_install(&cfg, log, GPUMEM_LOG_WARN);
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  static char tag[2000];
+  memset(tag, 'x', sizeof tag - 1);
+  void *p[3] = {0};
+  assert_status(gpumem_alloc_tagged(ctx, 0, 1000, NULL, tag, &p[0]), GPUMEM_OK);
+  assert_status(gpumem_alloc_tagged(ctx, 0, 2000, NULL, "second", &p[1]), GPUMEM_OK);
+  assert_status(gpumem_alloc_tagged(ctx, 0, 3000, NULL, "third", &p[2]), GPUMEM_OK);
+  assert_status(gpumem_destroy(ctx, 0), GPUMEM_ERR_BUSY);
+  char cut[48];
+  memset(cut, 'x', 41);
+  cut[41] = '\0';
+  int n = tu_log_count_matching(log, "3 live allocation(s)", "second", "third", NULL);
+  if (n != 1) tu_log_dump(log);
+  assert_int_equal(n, 1);
+  assert_int_equal(tu_log_count_matching(log, cut, NULL), 0); /* never more than 40 of the tag */
+  for (int i = 0; i < 3; i++) assert_status(gpumem_free(ctx, p[i], NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  tu_log_free(log);
+}
+
+/* A scope that survives a reset of its device frees nothing it allocated before the reset: those
+ * addresses may belong to someone else by then. What it allocates after the reset it frees. */
+static void test_scope_survives_reset(void **state) {
+  (void)state;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_scope *sc = NULL;
+  assert_status(gpumem_scope_begin(ctx, 0, NULL, &sc), GPUMEM_OK);
+  void *a = NULL, *b = NULL;
+  assert_status(gpumem_scope_alloc(sc, 4096, &a), GPUMEM_OK);
+  assert_status(gpumem_scope_alloc(sc, 3 * TU_MiB, &b), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  /* the same sizes again: another owner gets the same addresses (first fits in fresh segments) */
+  void *x = NULL, *y = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 4096, NULL, &x), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &y), GPUMEM_OK);
+  void *c = NULL;
+  assert_status(gpumem_scope_alloc(sc, 8192, &c), GPUMEM_OK); /* after the reset: the scope's own */
+  assert_status(gpumem_scope_end(sc), GPUMEM_OK);
+  size_t sz = 0;
+  assert_status(gpumem_ptr_info(ctx, x, &sz, NULL), GPUMEM_OK); /* still live */
+  assert_status(gpumem_ptr_info(ctx, y, &sz, NULL), GPUMEM_OK);
+  assert_status(gpumem_ptr_info(ctx, c, &sz, NULL), GPUMEM_ERR_INVALID_POINTER); /* freed by the end */
+  assert_int_equal(tu_stats(ctx, 0).num_live, 2);
+  assert_status(gpumem_free(ctx, x, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, NULL), GPUMEM_OK);
+  /* a reset of another device leaves the scope's pointers alone */
+  assert_status(gpumem_scope_begin(ctx, 0, NULL, &sc), GPUMEM_OK);
+  assert_status(gpumem_scope_alloc(sc, 4096, &a), GPUMEM_OK);
+  int ndev = 0;
+  assert_status(gpumem_device_count(ctx, &ndev), GPUMEM_OK);
+  if (ndev > 1) assert_status(gpumem_reset(ctx, 1, 0), GPUMEM_OK);
+  assert_status(gpumem_scope_end(sc), GPUMEM_OK);
+  assert_int_equal(tu_stats(ctx, 0).num_live, 0);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_buffer),       TU_TEST(test_gpumem_scoped),        TU_TEST(test_scope),
-      TU_TEST(test_scope_errors), TU_TEST(test_scope_tags_in_leak_report),
+      TU_TEST(test_scope_errors), TU_TEST(test_scope_tags_in_leak_report), TU_TEST(test_scope_survives_reset), TU_TEST(test_long_tag_in_leak_report),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

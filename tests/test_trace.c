@@ -20,6 +20,7 @@ typedef struct parsed {
   ev *e;
   size_t n, cap;
   int header, backend, date, device0, end;
+  int nheader; /* "# libgpumem trace" lines */
 } parsed;
 
 static void tmp_path(char *buf, size_t n, const char *tag) {
@@ -47,7 +48,7 @@ static parsed parse(const char *path) {
     size_t len = strlen(line);
     assert_true(len > 0 && line[len - 1] == '\n');
     if (line[0] == '#') {
-      if (!strcmp(line, "# libgpumem trace\n")) p.header = 1;
+      if (!strcmp(line, "# libgpumem trace\n")) p.header = 1, p.nheader++;
       if (!strncmp(line, "# backend ", 10)) p.backend = 1;
       if (!strncmp(line, "# date ", 7)) p.date = 1;
       if (!strncmp(line, "# device 0 ", 11)) p.device0 = 1;
@@ -187,6 +188,28 @@ static void replay(gpumem_context *ctx, const parsed *p) {
   free(ptrs);
 }
 
+/* gpumem-replay reads the trace (plain text) and replays it. */
+static void replay_bin_accepts(const char *path) {
+#ifdef GPUMEM_REPLAY_BIN
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
+  FILE *pf = popen(cmd, "r");
+  assert_non_null(pf);
+  char out[8192];
+  size_t n = fread(out, 1, sizeof out - 1, pf);
+  out[n] = '\0';
+  int rc = pclose(pf);
+  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("gpumem-replay failed (%d):\n%s", rc, out);
+  char base[600];
+  const char *slash = strrchr(path, '/');
+  snprintf(base, sizeof base, "%s", slash ? slash + 1 : path);
+  base[22] = '\0'; /* the table's first column is 22 wide */
+  if (strstr(out, base) == NULL) fail_msg("gpumem-replay output lacks the trace:\n%s", out);
+#else
+  (void)path;
+#endif
+}
+
 static void test_round_trip(void **state) {
   (void)state;
   char path[512], path2[512];
@@ -221,23 +244,7 @@ static void test_round_trip(void **state) {
   free(got.e);
   free(want.e);
 
-#ifdef GPUMEM_REPLAY_BIN
-  /* gpumem-replay reads it (plain text) */
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
-  FILE *pf = popen(cmd, "r");
-  assert_non_null(pf);
-  char out[8192];
-  size_t n = fread(out, 1, sizeof out - 1, pf);
-  out[n] = '\0';
-  int rc = pclose(pf);
-  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("gpumem-replay failed (%d):\n%s", rc, out);
-  char base[600];
-  const char *slash = strrchr(path, '/');
-  snprintf(base, sizeof base, "%s", slash ? slash + 1 : path);
-  base[22] = '\0'; /* the table's first column is 22 wide */
-  if (strstr(out, base) == NULL) fail_msg("gpumem-replay output lacks the trace:\n%s", out);
-#endif
+  replay_bin_accepts(path);
   unlink(path);
   unlink(path2);
 }
@@ -286,13 +293,33 @@ static void test_env_file(void **state) {
   assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
   assert_null(bad);
   assert_int_equal(tu_log_count_matching(log, "GPUMEM_TRACE", "/nonexistent-dir-gpumem/x.txt", NULL), 1);
-  /* empty and .gz are refused too */
-  tu_setenv("GPUMEM_TRACE", "");
-  assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
+  /* .gz is refused too */
   tu_setenv("GPUMEM_TRACE", "/tmp/x.txt.gz");
   assert_status(gpumem_create(&cfg, &bad), GPUMEM_ERR_INVALID_ARGUMENT);
-  assert_true(tu_log_count_matching(log, "GPUMEM_TRACE", NULL) >= 3);
+  assert_true(tu_log_count_matching(log, "GPUMEM_TRACE", NULL) >= 2);
   tu_log_free(log);
+
+  /* empty or blanks: unset, as for every GPUMEM_* variable (no trace, no file named by blanks) */
+  tu_setenv("GPUMEM_TRACE", "");
+  ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK); /* no trace was being recorded */
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  tu_setenv("GPUMEM_TRACE", "   ");
+  ctx = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  assert_int_equal(access("   ", F_OK), -1);
+  /* surrounding blanks are not part of the path */
+  char padded[600];
+  snprintf(padded, sizeof padded, "  %s \t", path);
+  unlink(path);
+  tu_setenv("GPUMEM_TRACE", padded);
+  ctx = tu_ctx_new(NULL);
+  tu_ctx_done(ctx);
+  assert_int_equal(access(path, R_OK), 0);
+  unlink(path);
 
   /* %p and %c expand */
   char pat[512], want_path[600];
@@ -412,10 +439,149 @@ static void test_reset_and_devices(void **state) {
   unlink(path);
 }
 
+/* gpumem-replay reads traces strictly: a line that is not a comment, an 'a ID SIZE STREAM
+ * [DEVICE]' or an 'f ID' with decimal fields is refused, and a long comment is one comment. */
+#ifdef GPUMEM_REPLAY_BIN
+static int replay_rc(const char *path, const void *content, size_t n, char *out, size_t cap) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(content, 1, n, f), n);
+  fclose(f);
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
+  FILE *pf = popen(cmd, "r");
+  assert_non_null(pf);
+  size_t got = fread(out, 1, cap - 1, pf);
+  out[got] = '\0';
+  return pclose(pf);
+}
+#endif
+
+static void test_replay_strict(void **state) {
+  (void)state;
+#ifdef GPUMEM_REPLAY_BIN
+  char path[512], out[8192];
+  tmp_path(path, sizeof path, "strict");
+  static const char *const bad[] = {
+      "a 5\n", "a 1 100banana 0\n", "a 1 -5 0\n", "a 1 99999999999999999999999 0\n", "a1 5 0\n",
+      "f\n", "f 1x\n", "a 1 5 0 1 2\n", "x 1\n", "a 1 5 0 99999999999\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = replay_rc(path, bad[i], strlen(bad[i]), out, sizeof out);
+    if (rc == 0 || strstr(out, "FAILED") == NULL) fail_msg("accepted %s:\n%s", bad[i], out);
+  }
+  char zeros[4096];
+  memset(zeros, 0, sizeof zeros);
+  int rc = replay_rc(path, zeros, sizeof zeros, out, sizeof out);
+  if (rc == 0 || strstr(out, "NUL") == NULL) fail_msg("accepted a file of NUL bytes:\n%s", out);
+  /* a comment longer than any buffer, whose tail looks like an event; CRLF line ends */
+  char longc[2048];
+  size_t n = 0;
+  longc[n++] = '#';
+  while (n < 1500) longc[n++] = 'x';
+  n += (size_t)snprintf(longc + n, sizeof longc - n, " a 1 5 0\r\na 1 4096 0 1\r\nf 1\r\n");
+  rc = replay_rc(path, longc, n, out, sizeof out);
+  if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("refused a long comment:\n%s", out);
+  unlink(path);
+#else
+  skip();
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
+/* fork: the trace is the parent's                                         */
+
+static gpumem_context *g_fork_ctx;
+
+/* A child that never calls the library and ends with exit(): stdio and atexit handlers run. */
+static int child_exit_only(void *arg) {
+  (void)arg;
+  exit(0);
+}
+
+/* A child that calls the inherited context: refused, and nothing reaches the parent's trace. */
+static int child_calls(void *arg) {
+  (void)arg;
+  void *p = NULL;
+  TU_CHECK_STATUS(gpumem_alloc(g_fork_ctx, 0, 256, NULL, &p), GPUMEM_ERR_NOT_SUPPORTED);
+  TU_CHECK_STATUS(gpumem_trace_start(g_fork_ctx, "/tmp/gpumem_never.txt"), GPUMEM_ERR_NOT_SUPPORTED);
+  TU_CHECK_STATUS(gpumem_trace_stop(g_fork_ctx), GPUMEM_ERR_NOT_SUPPORTED);
+  exit(0);
+}
+
+static void test_fork_child_exit(void **state) {
+  (void)state;
+  char path[512];
+  tmp_path(path, sizeof path, "fork");
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  g_fork_ctx = ctx;
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  void *a, *b, *c;
+  assert_status(gpumem_alloc(ctx, 0, 1000, NULL, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2000, NULL, &b), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  /* the lines so far are buffered (far below the buffer's size) when the children are made */
+  assert_int_equal(tu_run_in_child(child_exit_only, NULL), 0);
+  assert_int_equal(tu_run_in_child(child_calls, NULL), 0);
+  assert_status(gpumem_alloc(ctx, 0, 3000, NULL, &c), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, NULL), GPUMEM_OK);
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  parsed p = parse(path);
+  assert_int_equal(p.nheader, 1);
+  assert_true(p.end);
+  check_consistent(&p);
+  parsed want;
+  memset(&want, 0, sizeof want);
+  push(&want, (ev){'a', 1, 1000, 0, 0});
+  push(&want, (ev){'a', 2, 2000, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0});
+  push(&want, (ev){'a', 3, 3000, 0, 0});
+  push(&want, (ev){'f', 2, 0, 0, 0});
+  push(&want, (ev){'f', 3, 0, 0, 0});
+  assert_same_events(&p, &want);
+  free(p.e);
+  free(want.e);
+  replay_bin_accepts(path);
+  tu_ctx_done(ctx);
+  unlink(path);
+}
+
+/* A process that exits with its trace still open (the framework entry points' context is never
+ * destroyed): what is buffered reaches the file. */
+static char g_exit_path[512];
+static int child_traces_then_exits(void *arg) {
+  (void)arg;
+  gpumem_context *ctx = NULL;
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = "sim"; /* (a forked child cannot use CUDA once the parent did; the trace is the same) */
+  cfg.flags = GPUMEM_CONFIG_NO_ENV;
+  TU_CHECK_STATUS(gpumem_create(&cfg, &ctx), GPUMEM_OK);
+  TU_CHECK_STATUS(gpumem_trace_start(ctx, g_exit_path), GPUMEM_OK);
+  void *p = NULL;
+  TU_CHECK_STATUS(gpumem_alloc(ctx, 0, 4096, NULL, &p), GPUMEM_OK);
+  TU_CHECK_STATUS(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  exit(0);
+}
+
+static void test_exit_flushes(void **state) {
+  (void)state;
+  tmp_path(g_exit_path, sizeof g_exit_path, "exit");
+  assert_int_equal(tu_run_in_child(child_traces_then_exits, NULL), 0);
+  parsed p = parse(g_exit_path);
+  assert_int_equal(p.nheader, 1);
+  check_consistent(&p);
+  assert_int_equal(p.n, 2);
+  free(p.e);
+  unlink(g_exit_path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_round_trip), TU_TEST(test_env_file), TU_TEST(test_api_errors),
-      TU_TEST(test_threads),    TU_TEST(test_reset_and_devices),
+      TU_TEST(test_threads),    TU_TEST(test_reset_and_devices), TU_TEST(test_fork_child_exit),
+      TU_TEST(test_exit_flushes), TU_TEST(test_replay_strict),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,13 +62,21 @@ static void seterr(char *err, size_t n, const char *fmt, ...) {
 
 /* ---- trace reader --------------------------------------------------------- */
 
+/* Whole lines, with their true length: the reader buffers raw bytes itself (gzread or fread), so
+ * that a NUL byte inside a line is seen (gzgets and fgets stop at none and hide it) and a line
+ * longer than the caller's buffer is known to be cut (then the rest is skipped). */
 typedef struct line_reader {
 #ifdef GPUMEM_TOOLS_HAVE_ZLIB
   gzFile gz;
 #else
   FILE *pipe;
 #endif
+  char *buf;
+  size_t pos, end;
+  int eof, error;
 } line_reader;
+
+#define READER_BUF ((size_t)1 << 17)
 
 const char *tools_trace_reader(void) {
 #ifdef GPUMEM_TOOLS_HAVE_ZLIB
@@ -86,6 +94,12 @@ static int reader_open(line_reader *r, const char *path, char *err, size_t errle
     return -1;
   }
   gzbuffer(r->gz, 1u << 17);
+  r->buf = malloc(READER_BUF);
+  if (!r->buf) {
+    gzclose(r->gz);
+    seterr(err, errlen, "out of host memory");
+    return -1;
+  }
 #else
   FILE *probe = fopen(path, "rb");
   if (!probe) {
@@ -112,28 +126,96 @@ static int reader_open(line_reader *r, const char *path, char *err, size_t errle
     seterr(err, errlen, "%s: cannot run gzip: %s", path, strerror(errno));
     return -1;
   }
+  r->buf = malloc(READER_BUF);
+  if (!r->buf) {
+    pclose(r->pipe);
+    seterr(err, errlen, "out of host memory");
+    return -1;
+  }
 #endif
+  r->pos = r->end = 0;
+  r->eof = r->error = 0;
   return 0;
 }
 
-static char *reader_line(line_reader *r, char *buf, int len) {
+static int reader_fill(line_reader *r) {
+  if (r->eof) return 0;
 #ifdef GPUMEM_TOOLS_HAVE_ZLIB
-  return gzgets(r->gz, buf, len);
+  int n = gzread(r->gz, r->buf, (unsigned)READER_BUF);
+  if (n < 0) r->error = 1;
+  if (n <= 0) {
+    r->eof = 1;
+    return 0;
+  }
 #else
-  return fgets(buf, len, r->pipe);
+  size_t n = fread(r->buf, 1, READER_BUF, r->pipe);
+  if (n == 0) {
+    if (ferror(r->pipe)) r->error = 1;
+    r->eof = 1;
+    return 0;
+  }
 #endif
+  r->pos = 0;
+  r->end = (size_t)n;
+  return 1;
+}
+
+/* The next line into buf (cap bytes, NUL-terminated, its '\n' dropped): returns its length in the
+ * file (more than cap - 1 when it was cut), or -1 at the end. *nul: the line holds a NUL byte. */
+static long reader_line(line_reader *r, char *buf, size_t cap, int *nul) {
+  size_t len = 0, kept = 0;
+  int any = 0;
+  *nul = 0;
+  for (;;) {
+    if (r->pos == r->end && !reader_fill(r)) break;
+    any = 1;
+    char c = r->buf[r->pos++];
+    if (c == '\n') break;
+    if (c == '\0') *nul = 1;
+    if (kept + 1 < cap) buf[kept++] = c;
+    len++;
+  }
+  buf[kept] = '\0';
+  return any ? (long)len : -1;
 }
 
 /* returns 0 when the stream ended cleanly */
 static int reader_close(line_reader *r) {
+  free(r->buf);
+  r->buf = NULL;
 #ifdef GPUMEM_TOOLS_HAVE_ZLIB
   int errnum = 0;
   gzerror(r->gz, &errnum);
   int rc = gzclose(r->gz);
-  return (errnum != Z_OK && errnum != Z_STREAM_END) || rc != Z_OK;
+  return r->error || (errnum != Z_OK && errnum != Z_STREAM_END) || rc != Z_OK;
 #else
-  return pclose(r->pipe) != 0;
+  return (pclose(r->pipe) != 0) | r->error;
 #endif
+}
+
+/* One decimal field of an event line: blanks, then digits only (no sign), then a blank or the end.
+ * 0 and *v set, or -1 (missing, not a number, trailing letters, or beyond 64 bits). */
+static int field_u64(const char **p, uint64_t *v) {
+  const char *s = *p;
+  if (*s != ' ' && *s != '\t') return -1;
+  while (*s == ' ' || *s == '\t') s++;
+  if (*s < '0' || *s > '9') return -1;
+  uint64_t x = 0;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (x > (UINT64_MAX - d) / 10u) return -1;
+    x = x * 10u + d;
+  }
+  if (*s != '\0' && *s != ' ' && *s != '\t' && *s != '\r') return -1;
+  *p = s;
+  *v = x;
+  return 0;
+}
+
+/* Only blanks (and a '\r' of a CRLF file) left. */
+static int at_end(const char *s) {
+  while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+  return *s == '\0';
 }
 
 /* open-addressing map from trace ID to slot */
@@ -227,12 +309,18 @@ int tools_trace_load(const char *path, tools_trace *out, char *err, size_t errle
   char line[512];
   size_t lineno = 0;
   int rc = -1;
+  long len;
+  int nul = 0;
 
-  while (reader_line(&r, line, (int)sizeof line)) {
+  while ((len = reader_line(&r, line, sizeof line, &nul)) >= 0) {
     lineno++;
+    if (nul) {
+      seterr(err, errlen, "%s:%zu: a NUL byte: not a text trace", path, lineno);
+      goto done;
+    }
     char *s = line;
     while (*s == ' ' || *s == '\t') s++;
-    if (*s == '#') {
+    if (*s == '#') { /* a comment of any length: what did not fit the buffer is skipped with it */
       if (!strncmp(s, "# workload ", 11)) {
         sscanf(s + 11, "%127s", t.workload);
       } else if (!strncmp(s, "# pytorch ", 10)) {
@@ -241,16 +329,18 @@ int tools_trace_load(const char *path, tools_trace *out, char *err, size_t errle
       }
       continue;
     }
-    if (*s == '\n' || *s == '\r' || *s == 0) continue;
+    if (*s == '\r' || *s == 0) continue;
+    if ((size_t)len >= sizeof line) {
+      seterr(err, errlen, "%s:%zu: event line longer than %zu bytes", path, lineno, sizeof line - 1);
+      goto done;
+    }
     char kind = *s;
-    char *e;
+    const char *e = s + 1;
     if (kind == 'a') {
-      errno = 0;
-      uint64_t id = strtoull(s + 1, &e, 10);
-      uint64_t size = strtoull(e, &e, 10);
-      uint64_t sv = strtoull(e, &e, 10);
-      if (errno || e == s + 1) {
-        seterr(err, errlen, "%s:%zu: bad alloc line", path, lineno);
+      uint64_t id, size, sv, dev = 0;
+      if (field_u64(&e, &id) != 0 || field_u64(&e, &size) != 0 || field_u64(&e, &sv) != 0 ||
+          (!at_end(e) && (field_u64(&e, &dev) != 0 || dev > (uint64_t)INT32_MAX)) || !at_end(e)) {
+        seterr(err, errlen, "%s:%zu: bad alloc line (expected 'a ID SIZE STREAM [DEVICE]')", path, lineno);
         goto done;
       }
       uint32_t *cell = idmap_cell(&ids, id, 1);
@@ -286,10 +376,9 @@ int tools_trace_load(const char *path, tools_trace *out, char *err, size_t errle
       if (live > t.peak_live) t.peak_live = live;
       t.num_allocs++;
     } else if (kind == 'f') {
-      errno = 0;
-      uint64_t id = strtoull(s + 1, &e, 10);
-      if (errno || e == s + 1) {
-        seterr(err, errlen, "%s:%zu: bad free line", path, lineno);
+      uint64_t id;
+      if (field_u64(&e, &id) != 0 || !at_end(e)) {
+        seterr(err, errlen, "%s:%zu: bad free line (expected 'f ID')", path, lineno);
         goto done;
       }
       uint32_t *cell = idmap_cell(&ids, id, 0);

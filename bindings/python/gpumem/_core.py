@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import numbers
+import operator
 import sys
 import threading
 import warnings
@@ -11,7 +13,7 @@ from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import capi
-from .errors import GpumemError, InvalidArgumentError, NoBackendError, make_error
+from .errors import GpumemError, InvalidArgumentError, InvalidDeviceError, InvalidPointerError, NoBackendError, make_error
 
 __all__ = ["Context", "Buffer", "Scope", "stream_handle", "ALL_DEVICES", "UNLIMITED"]
 
@@ -94,6 +96,9 @@ class _State:
         self.closed = False
         self.live: Dict[int, Tuple[weakref.finalize, int]] = {}  # ptr -> (finalizer, device)
         self.scopes: Dict[int, weakref.finalize] = {}  # id -> finalizer
+        # successful resets so far: a Buffer whose allocation overlapped one may hold an invalidated
+        # pointer, so it is born dead (its free could hit another owner's block at that address)
+        self.resets = 0
 
     def enter(self) -> int:
         with self.cond:
@@ -155,7 +160,7 @@ def _close_state(state: _State, force: bool) -> int:
         for fin in list(state.scopes.values()):
             info = fin.detach()
             if info is not None:
-                capi.lib.gpumem_scope_end(info[2][2])
+                capi.lib.gpumem_scope_end(info[2][2])  # (args: state, key, scope handle)
         state.scopes.clear()
         for fin, _dev in list(state.live.values()):
             fin.detach()
@@ -287,16 +292,19 @@ class Context:
         share: Optional[str] = None,
         share_wait_ms: Optional[int] = None,
         watch_interval_ms: Optional[int] = None,
+        expandable: Optional[Union[bool, int]] = None,
     ) -> None:
         cfg = capi.Config()
         capi.lib.gpumem_config_init(byref(cfg))
-        cfg.flags = int(flags)
-        backend_b = None if backend is None else str(backend).encode("utf-8")
+        cfg.flags = _uint(flags, "flags", 32)
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError("backend must be a str or None, got %r" % type(backend).__name__)
+        backend_b = None if backend is None else backend.encode("utf-8")
         cfg.backend = backend_b
         cfg.release_threshold = capi.UNLIMITED if release_threshold is None else _u64(release_threshold, "release_threshold")
-        cfg.trim_free_fraction = float(trim_free_fraction)
+        cfg.trim_free_fraction = _real(trim_free_fraction, "trim_free_fraction")
         cfg.limit_bytes = _u64(limit_bytes, "limit_bytes")
-        cfg.limit_fraction = float(limit_fraction)
+        cfg.limit_fraction = _real(limit_fraction, "limit_fraction")
         cfg.initial_bytes = _u64(initial_bytes, "initial_bytes")
         if log_level is not None:
             if isinstance(log_level, str):
@@ -304,25 +312,42 @@ class Context:
                     log_level = _LOG_LEVELS[log_level.lower()]
                 except KeyError:
                     raise _arg_error("unknown log level %r" % log_level) from None
-            cfg.log_level = int(log_level)
-        share_b = None if share is None else str(share).encode("utf-8")
+            level = _int(log_level, "log_level")
+            if not capi.LOG_DEBUG <= level <= capi.LOG_OFF:
+                raise _arg_error("log_level %d is not a log level" % level)
+            cfg.log_level = level
+        if expandable is not None:
+            e = int(expandable) if isinstance(expandable, bool) else _int(expandable, "expandable")
+            if e not in (0, 1):
+                raise _arg_error("expandable must be 0 or 1 (or a bool), got %d" % e)
+            cfg.expandable = e
+        if share is not None and not isinstance(share, str):
+            raise TypeError("share must be a str ('user', 'off' or a group name), got %r" % type(share).__name__)
+        share_b = None if share is None else share.encode("utf-8")
         cfg.share = share_b
         if share_wait_ms is not None:
-            cfg.share_wait_ms = int(share_wait_ms)
+            cfg.share_wait_ms = _uint(share_wait_ms, "share_wait_ms", 32)
         if watch_interval_ms is not None:
-            cfg.watch_interval_ms = int(watch_interval_ms)
+            cfg.watch_interval_ms = _uint(watch_interval_ms, "watch_interval_ms", 32)
         keep: Tuple[Any, ...] = (backend_b, share_b)
         if custom_backend is not None:
             if isinstance(custom_backend, capi.Backend):
                 cfg.custom_backend = ctypes.addressof(custom_backend)
             else:
-                cfg.custom_backend = int(custom_backend)
+                addr = _int(custom_backend, "custom_backend")
+                if not 0 < addr < (1 << 64):
+                    raise _arg_error("custom_backend address %d is out of range" % addr)
+                cfg.custom_backend = addr
             keep += (custom_backend,)
         if oom_callback is not None:
+            if not callable(oom_callback):
+                raise TypeError("oom_callback must be callable")
             oom_c = _wrap_oom(oom_callback)
             cfg.oom_callback = oom_c
             keep += (oom_c, oom_callback)
         if log_callback is not None:
+            if not callable(log_callback):
+                raise TypeError("log_callback must be callable")
             log_c = _wrap_log(log_callback)
             cfg.log_callback = log_c
             keep += (log_c, log_callback)
@@ -422,7 +447,7 @@ class Context:
         """
         info = capi.DeviceInfo()
         info.struct_size = ctypes.sizeof(capi.DeviceInfo)
-        self._call(capi.lib.gpumem_device_get_info, int(device), byref(info))
+        self._call(capi.lib.gpumem_device_get_info, _device(device), byref(info))
         return {
             "ordinal": info.ordinal,
             "name": info.name.decode("utf-8", "replace"),
@@ -444,30 +469,45 @@ class Context:
         ``tag`` is shown in the library's leak reports.
         """
         nbytes = _size(nbytes)
+        device = _device(device)
         s = stream_handle(stream)
-        tag_b = None if tag is None else str(tag).encode("utf-8")
+        tag_b = _tag(tag)
         out = c_void_p()
         state = self._state
         h = state.enter()
         try:
+            with state.cond:
+                resets = state.resets
             if tag_b is None:
-                status = capi.lib.gpumem_alloc(h, int(device), nbytes, s, byref(out))
+                status = capi.lib.gpumem_alloc(h, device, nbytes, s, byref(out))
             else:
-                status = capi.lib.gpumem_alloc_tagged(h, int(device), nbytes, s, tag_b, byref(out))
+                status = capi.lib.gpumem_alloc_tagged(h, device, nbytes, s, tag_b, byref(out))
             _check(status, h)
             ptr = out.value or 0
-            return Buffer._make(self, ptr, nbytes, int(device), s, tag_b)
+            return Buffer._make(self, ptr, nbytes, device, s, tag_b, resets)
         finally:
             state.leave()
 
     def free(self, ptr: int, stream: StreamLike = None) -> None:
-        """Free a raw pointer from the C API (``gpumem_free``). Buffers use :meth:`Buffer.free`."""
-        self._call(capi.lib.gpumem_free, int(ptr) or None, stream_handle(stream))
+        """Free a raw pointer from the C API (``gpumem_free``). Buffers use :meth:`Buffer.free`.
+
+        A pointer that a live :class:`Buffer` of this context owns is refused
+        (:class:`gpumem.InvalidArgumentError`, nothing freed): the buffer would
+        free it again later, possibly someone else's block by then.
+        """
+        p = _ptr(ptr)
+        s = stream_handle(stream)
+        state = self._state
+        with state.cond:
+            owned = p in state.live
+        if owned:
+            raise _arg_error("0x%x belongs to a live gpumem.Buffer: call its free()" % p)
+        self._call(capi.lib.gpumem_free, p or None, s)
 
     def ptr_info(self, ptr: int) -> Tuple[int, int]:
         """``(requested size, device)`` of a live allocation starting at ``ptr``."""
         size, dev = c_size_t(0), c_int(0)
-        self._call(capi.lib.gpumem_ptr_info, int(ptr) or None, byref(size), byref(dev))
+        self._call(capi.lib.gpumem_ptr_info, _ptr(ptr) or None, byref(size), byref(dev))
         return size.value, dev.value
 
     def scope(self, device: int = 0, stream: StreamLike = None) -> "Scope":
@@ -479,37 +519,52 @@ class Context:
     def trim(self, device: int = ALL_DEVICES, keep_bytes: int = 0) -> int:
         """Give cached memory back, keeping at most ``keep_bytes`` cached per device. Returns bytes released."""
         released = c_uint64(0)
-        self._call(capi.lib.gpumem_trim, int(device), _u64(keep_bytes, "keep_bytes"), byref(released))
+        self._call(capi.lib.gpumem_trim, _device(device, True), _u64(keep_bytes, "keep_bytes"), byref(released))
         return released.value
 
     def reset(self, device: int = 0, reset_device: bool = False) -> None:
         """Synchronise ``device`` (or :data:`ALL_DEVICES`), invalidate its allocations, give its memory back.
 
-        The :class:`Buffer` objects of this context on that device are marked
-        dead first, so their later :meth:`Buffer.free` does nothing. Raw
-        pointers become invalid (freeing one raises
-        :class:`gpumem.InvalidPointerError`). ``reset_device=True`` also
-        resets the device for the whole process (cudaDeviceReset): every
-        allocation of every library on it is destroyed. Dangerous; opt-in.
+        Once the reset succeeded, the :class:`Buffer` objects of this context
+        on that device are dead: their later :meth:`Buffer.free` does nothing
+        (the address may be another owner's by then). A :class:`Scope` on it
+        frees nothing it allocated before the reset. A reset that fails
+        changes nothing: the buffers stay alive. Raw pointers become invalid
+        (freeing one raises :class:`gpumem.InvalidPointerError`).
+        ``reset_device=True`` also resets the device for the whole process
+        (cudaDeviceReset): every allocation of every library on it is
+        destroyed. Dangerous; opt-in.
         """
+        device = _device(device, True)
+        if not isinstance(reset_device, (bool, int)):
+            raise TypeError("reset_device must be a bool, got %r" % type(reset_device).__name__)
         state = self._state
-        with state.cond:
-            for ptr, (fin, dev) in list(state.live.items()):
-                if device == ALL_DEVICES or dev == device:
-                    fin.detach()
-                    state.live.pop(ptr, None)
-        self._call(capi.lib.gpumem_reset, int(device), capi.RESET_DEVICE if reset_device else 0)
+        h = state.enter()
+        try:
+            # the buffers' frees (finalizers) take this lock: none runs between the reset and the
+            # marking, so none frees an invalidated address another owner may hold by then
+            with state.cond:
+                status = int(capi.lib.gpumem_reset(h, device, capi.RESET_DEVICE if reset_device else 0))
+                if status == 0:
+                    state.resets += 1
+                    for ptr, (fin, dev) in list(state.live.items()):
+                        if device == ALL_DEVICES or dev == device:
+                            fin.detach()
+                            state.live.pop(ptr, None)
+            _check(status, h)
+        finally:
+            state.leave()
 
     def stats(self, device: int = ALL_DEVICES) -> Dict[str, int]:
         """Statistics of one device, or summed over all: a dict keyed by the ``gpumem_stats`` field names."""
         st = capi.Stats()
         st.struct_size = ctypes.sizeof(capi.Stats)
-        self._call(capi.lib.gpumem_get_stats, int(device), byref(st))
+        self._call(capi.lib.gpumem_get_stats, _device(device, True), byref(st))
         return {name: getattr(st, name) for name in capi.STATS_FIELDS}
 
     def reset_peak_stats(self, device: int = ALL_DEVICES) -> None:
         """Reset ``allocated_peak`` and ``reserved_peak`` to the current values."""
-        self._call(capi.lib.gpumem_reset_peak_stats, int(device))
+        self._call(capi.lib.gpumem_reset_peak_stats, _device(device, True))
 
     # -- helpers -------------------------------------------------------------
 
@@ -548,7 +603,9 @@ class Buffer:
     context: Context
 
     @classmethod
-    def _make(cls, ctx: Context, ptr: int, size: int, device: int, stream: Optional[int], tag: Optional[bytes]) -> "Buffer":
+    def _make(
+        cls, ctx: Context, ptr: int, size: int, device: int, stream: Optional[int], tag: Optional[bytes], resets: int
+    ) -> "Buffer":
         self = cls.__new__(cls)
         self.ptr, self.size, self.device, self.stream, self.context = ptr, size, device, stream, ctx
         self._fin: Optional[weakref.finalize] = None
@@ -557,7 +614,13 @@ class Buffer:
             fin = weakref.finalize(self, _free_block, state, ptr, stream, tag)
             fin.atexit = False  # the context's own finalizer frees everything at exit
             with state.cond:
-                state.live[ptr] = (fin, device)
+                if state.resets != resets:
+                    # a reset ran during the allocation (another thread): the pointer may be
+                    # invalidated already, so the buffer never frees it (a live block stays cached
+                    # until the next reset or close at worst)
+                    fin.detach()
+                else:
+                    state.live[ptr] = (fin, device)
             self._fin = fin
         return self
 
@@ -580,8 +643,14 @@ class Buffer:
     def __enter__(self) -> "Buffer":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.free()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.free()
+            return
+        try:  # the block's own exception goes on; a failing free must not replace it
+            self.free()
+        except GpumemError:
+            pass
 
     def __int__(self) -> int:
         return self.ptr
@@ -627,7 +696,7 @@ class Scope:
 
     def __init__(self, ctx: Context, device: int = 0, stream: StreamLike = None) -> None:
         self.context = ctx
-        self.device = int(device)
+        self.device = _device(device)
         self.stream = stream_handle(stream)
         self._lock = threading.Lock()
         self._tag: Optional[bytes] = None
@@ -667,7 +736,7 @@ class Scope:
 
     def set_tag(self, tag: Optional[str]) -> None:
         """Tag later allocations of the scope (shown in leak reports); None clears it."""
-        tag_b = None if tag is None else str(tag).encode("utf-8")
+        tag_b = _tag(tag)
         state = self.context._state
         with self._lock:
             if not self._fin.alive:
@@ -690,8 +759,14 @@ class Scope:
     def __enter__(self) -> "Scope":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.end()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.end()
+            return
+        try:  # the block's own exception goes on; a failing free must not replace it
+            self.end()
+        except GpumemError:
+            pass
 
 
 def _arg_error(detail: str) -> InvalidArgumentError:
@@ -700,26 +775,74 @@ def _arg_error(detail: str) -> InvalidArgumentError:
 
 
 def _size(n: Any) -> int:
-    if isinstance(n, bool):
-        raise TypeError("a size must be an int, not a bool")
-    if not isinstance(n, int):
-        try:
-            n = n.__index__()
-        except AttributeError:
-            raise TypeError("a size must be an int, got %r" % type(n).__name__) from None
-    if n < 0 or n >= (1 << 64):
-        raise _arg_error("size %d is out of range" % n)
-    return n
+    return _uint(n, "size", 64)
 
 
 def _u64(n: Any, what: str) -> int:
-    if isinstance(n, bool):
+    return _uint(n, what, 64)
+
+
+def _int(v: Any, what: str) -> int:
+    """An int argument: an int or an object with ``__index__`` (numpy integers), never a bool,
+    float or str (TypeError)."""
+    if isinstance(v, bool):
         raise TypeError("%s must be an int, not a bool" % what)
-    if not isinstance(n, int):
-        try:
-            n = n.__index__()
-        except AttributeError:
-            raise TypeError("%s must be an int, got %r" % (what, type(n).__name__)) from None
-    if n < 0 or n >= (1 << 64):
+    if isinstance(v, int):
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError("%s must be an int, got %r" % (what, type(v).__name__)) from None
+
+
+_C_INT_MAX = (1 << 31) - 1
+
+
+def _device(v: Any, allow_all: bool = False) -> int:
+    """A device ordinal that fits the C ``int`` (or ALL_DEVICES where allowed); never wrapped."""
+    d = _int(v, "device")
+    if allow_all and d == ALL_DEVICES:
+        return d
+    if not 0 <= d <= _C_INT_MAX:
+        code = capi.STATUS["ERR_INVALID_DEVICE"]
+        raise InvalidDeviceError(code, capi.status_name(code), "device %d is not a visible device" % d)
+    return d
+
+
+def _ptr(v: Any) -> int:
+    """A device address: an int in [0, 2**64); out of range is no pointer of the context."""
+    p = _int(v, "ptr")
+    if not 0 <= p < (1 << 64):
+        code = capi.STATUS["ERR_INVALID_POINTER"]
+        raise InvalidPointerError(code, capi.status_name(code), "pointer %d is out of range" % p)
+    return p
+
+
+def _cint(v: Any, what: str) -> int:
+    """An int argument that must fit the C ``int`` (never wrapped)."""
+    n = _int(v, what)
+    if not -(1 << 31) <= n <= _C_INT_MAX:
         raise _arg_error("%s=%d is out of range" % (what, n))
     return n
+
+
+def _uint(v: Any, what: str, bits: int) -> int:
+    n = _int(v, what)
+    if not 0 <= n < (1 << bits):
+        raise _arg_error("%s=%d is out of range" % (what, n))
+    return n
+
+
+def _real(v: Any, what: str) -> float:
+    """A float argument: an int or float (numpy's too), not a bool or str."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError("%s must be a number, got %r" % (what, type(v).__name__))
+    return float(v)
+
+
+def _tag(tag: Any) -> Optional[bytes]:
+    if tag is None:
+        return None
+    if not isinstance(tag, str):
+        raise TypeError("a tag must be a str or None, got %r" % type(tag).__name__)
+    return tag.encode("utf-8")

@@ -11,7 +11,7 @@ from ctypes import byref, c_uint64
 from typing import Optional
 
 from . import capi
-from ._core import StreamLike, stream_handle
+from ._core import StreamLike, _cint, _device, _u64, stream_handle
 from .errors import make_error
 
 __all__ = [
@@ -47,7 +47,7 @@ def fail_nth(kind: int, nth: int = 1, error: int = ERR_INJECTED, repeat: bool = 
 
     With ``repeat`` that call and every later one of the kind fail until :func:`fail_clear`.
     """
-    _check(capi.lib.gpumem_sim_fail_nth(int(kind), int(nth), int(error), 1 if repeat else 0))
+    _check(capi.lib.gpumem_sim_fail_nth(_cint(kind, "kind"), _u64(nth, "nth"), _cint(error, "error"), 1 if repeat else 0))
 
 
 def fail_clear() -> None:
@@ -57,7 +57,7 @@ def fail_clear() -> None:
 
 def call_count(kind: int) -> int:
     """Calls of ``kind`` made since the sim state was created (failed calls too)."""
-    return int(capi.lib.gpumem_sim_call_count(int(kind)))
+    return int(capi.lib.gpumem_sim_call_count(_cint(kind, "kind")))
 
 
 def set_delayed(on: bool) -> None:
@@ -67,7 +67,7 @@ def set_delayed(on: bool) -> None:
 
 def stream_complete(device: int = -1, stream: StreamLike = None) -> None:
     """Complete the work queued so far on one stream of one device (-1 = every device)."""
-    capi.lib.gpumem_sim_stream_complete(int(device), stream_handle(stream))
+    capi.lib.gpumem_sim_stream_complete(_device(device, True), stream_handle(stream))
 
 
 def complete_all() -> None:
@@ -78,13 +78,13 @@ def complete_all() -> None:
 def used_bytes(device: int = 0) -> int:
     """Bytes the sim backend has handed out on a visible device."""
     out = c_uint64(0)
-    _check(capi.lib.gpumem_sim_used_bytes(int(device), byref(out)))
+    _check(capi.lib.gpumem_sim_used_bytes(_device(device), byref(out)))
     return out.value
 
 
 def set_external_usage(device: int, nbytes: int) -> None:
     """Simulate ``nbytes`` taken on ``device`` by someone else (reduces its free memory)."""
-    _check(capi.lib.gpumem_sim_set_external_usage(int(device), int(nbytes)))
+    _check(capi.lib.gpumem_sim_set_external_usage(_device(device), _u64(nbytes, "nbytes")))
 
 
 def reinit() -> None:

@@ -27,7 +27,7 @@ import threading
 from typing import Any, Optional
 
 from . import capi
-from ._core import Context
+from ._core import Context, _device
 from ._global import global_context
 from ._torch_build import ShimBuildError, load_shim
 from .errors import AllocatorInUseError, NoBackendError
@@ -86,6 +86,8 @@ def enable(device: Optional[int] = None) -> None:
         RuntimeError: the process-wide context does not use the CUDA backend.
     """
     global _shim
+    if device is not None:
+        device = _device(device)  # a wrong type or range fails before anything is installed
     torch = _import_torch()
     with _lock:
         if _shim is None:
@@ -105,7 +107,7 @@ def enable(device: Optional[int] = None) -> None:
                 raise
             _shim = shim
     if device is not None:
-        context().device_info(int(device))
+        context().device_info(device)
 
 
 def is_enabled() -> bool:

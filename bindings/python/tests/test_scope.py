@@ -90,3 +90,44 @@ def test_scope_respects_limit():
             with pytest.raises(gpumem.LimitExceededError):
                 sc.alloc(16 * MiB)
             sc.alloc(1024)
+
+
+def test_scope_surviving_reset_frees_no_other_buffer(ctx):
+    """A Scope that survives ctx.reset frees nothing it allocated before the reset: the addresses
+    may be another Buffer's by then. Before, its end freed that Buffer's memory."""
+    sc = ctx.scope(device=0)
+    a = sc.alloc(4096)
+    big = sc.alloc(3 << 20)
+    ctx.reset(device=0)
+    x = ctx.alloc(4096)  # the same sizes again: the same addresses, most likely
+    y = ctx.alloc(3 << 20)
+    c = sc.alloc(8192)  # after the reset: the scope's own, freed at its end
+    sc.end()
+    assert x.alive and y.alive
+    assert ctx.ptr_info(x.ptr) == (4096, 0) and ctx.ptr_info(y.ptr) == (3 << 20, 0)
+    with pytest.raises(gpumem.InvalidPointerError):
+        ctx.ptr_info(c)
+    assert ctx.stats()["num_live"] == 2
+    x.free()
+    y.free()
+    assert ctx.stats()["num_live"] == 0
+
+
+def test_scope_exception_is_not_replaced(ctx):
+    """The with-block's own exception reaches the caller, even when the block reset the device
+    under the scope. Before, InvalidPointerError from the scope's end replaced it."""
+
+    class Mine(Exception):
+        pass
+
+    with pytest.raises(Mine):
+        with ctx.scope() as sc:
+            sc.alloc(4096)
+            ctx.reset(device=0)
+            raise Mine()
+    with pytest.raises(Mine):
+        with ctx.alloc(4096) as b:
+            ctx.reset(device=0)
+            raise Mine()
+    assert not b.alive
+    assert ctx.stats()["num_live"] == 0
