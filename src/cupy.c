@@ -29,7 +29,7 @@ static _Atomic size_t cupy_count; /* read without the lock for the "map is empty
 
 static uintptr_t cupy_key(const void *slot) { return ((const cupy_slot *)slot)->key; }
 
-static size_t cupy_home(uintptr_t k, size_t mask) {
+static size_t cupy_hash(uintptr_t k, size_t mask) {
   uint64_t x = (uint64_t)k;
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
@@ -41,10 +41,10 @@ static size_t cupy_home(uintptr_t k, size_t mask) {
 static int map_take_locked(uintptr_t key, gpumem_stream *stream) {
   if (cupy_cap == 0) return 0;
   size_t mask = cupy_cap - 1;
-  size_t i = gpumem__ht_find(cupy_slots, sizeof *cupy_slots, mask, cupy_home(key, mask), key, cupy_key);
+  size_t i = gpumem__ht_find(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
   if (i == SIZE_MAX) return 0;
   *stream = cupy_slots[i].stream;
-  gpumem__ht_delete(cupy_slots, sizeof *cupy_slots, mask, i, cupy_key, cupy_home);
+  gpumem__ht_delete(cupy_slots, sizeof *cupy_slots, mask, i, cupy_key, cupy_hash);
   atomic_fetch_sub_explicit(&cupy_count, 1, memory_order_relaxed);
   return 1;
 }
@@ -63,7 +63,7 @@ static int map_put(uintptr_t key, gpumem_stream stream) {
   size_t n = atomic_load_explicit(&cupy_count, memory_order_relaxed);
   if ((n + 1) * 2 > cupy_cap) {
     size_t ncap = cupy_cap ? cupy_cap * 2 : 256;
-    cupy_slot *ns = gpumem__ht_grown(cupy_slots, cupy_cap, ncap, sizeof *ns, cupy_key, cupy_home);
+    cupy_slot *ns = gpumem__ht_grown(cupy_slots, cupy_cap, ncap, sizeof *ns, cupy_key, cupy_hash);
     if (ns == NULL) {
       pthread_mutex_unlock(&cupy_lock);
       return -1;
@@ -73,7 +73,7 @@ static int map_put(uintptr_t key, gpumem_stream stream) {
     cupy_cap = ncap;
   }
   size_t mask = cupy_cap - 1;
-  size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_home(key, mask), key, cupy_key);
+  size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
   if (cupy_slots[i].key == 0) atomic_fetch_add_explicit(&cupy_count, 1, memory_order_relaxed);
   cupy_slots[i].key = key;
   cupy_slots[i].stream = stream;

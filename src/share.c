@@ -97,6 +97,9 @@ struct gpumem__pshare {
 /* ---------------------------------------------------------------------- */
 /* Helpers                                                                 */
 
+/* Answer counters wrap: `a` has reached `seq` when it is at most 2^31 past it (fuzz/ubsan-ignore.txt). */
+static inline int seq_reached(uint32_t a, uint32_t seq) { return (int32_t)(a - seq) >= 0; }
+
 static uint64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -569,7 +572,7 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
         left--;
         continue;
       }
-      if (!t[k].leaving && (int32_t)(a - t[k].seq) >= 0) {
+      if (!t[k].leaving && seq_reached(a, t[k].seq)) {
         uint64_t g = atomic_load(&s->given);
         *given = sat_add(*given, g >= t[k].given0 ? g - t[k].given0 : 0);
         (*answered)++;

@@ -14,7 +14,12 @@ size_t gpumem__stream_records(gpumem_context *ctx, int device);
 
 /* Streams per case: 50,000 (200,000 stay at 64 records as well); fewer in the sanitizer builds,
  * where the pool's invariant checks run after every call (still far above the bound). */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define GPUMEM_TEST_SANITIZED 1 /* clang's spelling of gcc's __SANITIZE_* */
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(GPUMEM_TEST_SANITIZED)
 #define STREAMS 1000ul
 #else
 #define STREAMS 50000ul

@@ -588,6 +588,13 @@ static void sim__parse_visible(const char *s, sim_config *cfg) {
 }
 
 /* Read both variables. 0, GPUMEM_SIM_ERR_BAD_ENV or GPUMEM_SIM_ERR_NO_DEVICE. */
+/* FNV-1a of n bytes (it wraps on purpose: fuzz/ubsan-ignore.txt matches *hash*). */
+static uint64_t sim__fnv_hash(const char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 static int sim__read_env(sim_config *cfg) {
   int rc = sim__parse_devices(getenv("GPUMEM_SIM_DEVICES"), cfg);
   if (rc) return rc;
@@ -603,9 +610,7 @@ static int sim__read_env(sim_config *cfg) {
         return GPUMEM_SIM_ERR_BAD_ENV;
     }
     memcpy(cfg->shared, sh, n + 1);
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)sh[i]) * 0x100000001b3ull;
-    g_uuid_salt = h | 1u;
+    g_uuid_salt = sim__fnv_hash(sh, n) | 1u;
   }
   sim__parse_visible(getenv("CUDA_VISIBLE_DEVICES"), cfg);
   return cfg->nvis ? 0 : GPUMEM_SIM_ERR_NO_DEVICE;
