@@ -94,7 +94,9 @@ class _State:
         self.cond = threading.Condition(threading.RLock())
         self.active = 0
         self.closed = False
-        self.live: Dict[int, Tuple[weakref.finalize, int]] = {}  # ptr -> (finalizer, device)
+        # ptr -> (finalizer, device, token): the token tells a buffer's own entry from that of a later
+        # buffer at the same address (see _free_block)
+        self.live: Dict[int, Tuple[weakref.finalize, int, object]] = {}
         self.scopes: Dict[int, weakref.finalize] = {}  # id -> finalizer
         # successful resets so far: a Buffer whose allocation overlapped one may hold an invalidated
         # pointer, so it is born dead (its free could hit another owner's block at that address)
@@ -114,31 +116,43 @@ class _State:
                 self.cond.notify_all()
 
 
-def _free_block(state: _State, ptr: int, stream: Optional[int], tag: Optional[bytes]) -> int:
-    """Finalizer body of a Buffer: free once, unless the context is closed. Returns the status."""
+def _free_block(state: _State, ptr: int, stream: Optional[int], tag: Optional[bytes], token: object) -> int:
+    """Finalizer body of a Buffer: free once, unless the context is closed or the buffer is dead.
+    Returns the status.
+
+    The C free runs under ``state.cond``, which :meth:`Context.reset` holds across its C reset and
+    the marking of the buffers it invalidated: a free either comes before the reset (the block was
+    live) or finds the buffer dead, never frees an address the reset ended (another thread's block
+    by then, perhaps). The finalizer is claimed before this lock is taken (weakref.finalize), so a
+    reset may mark the buffer dead in between, and another buffer may have the address by then:
+    only the entry with this buffer's token is its own."""
     del tag  # kept alive until now only
     with state.cond:
-        state.live.pop(ptr, None)
+        entry = state.live.get(ptr)
+        if entry is None or entry[2] is not token:
+            return 0  # marked dead by a reset (or born dead): its block is not its own any more
+        del state.live[ptr]
         if state.closed:
             return 0
         state.active += 1
-    try:
-        return int(capi.lib.gpumem_free(state.handle, ptr, stream))
-    finally:
-        state.leave()
+        try:
+            return int(capi.lib.gpumem_free(state.handle, ptr, stream))
+        finally:
+            state.leave()
 
 
 def _end_scope(state: _State, key: int, scope_handle: int) -> int:
-    """Finalizer body of a Scope: end it once, unless the context is closed."""
+    """Finalizer body of a Scope: end it once, unless the context is closed (under ``state.cond``,
+    as a Buffer's free, so that it never races a reset)."""
     with state.cond:
         state.scopes.pop(key, None)
         if state.closed:
             return 0
         state.active += 1
-    try:
-        return int(capi.lib.gpumem_scope_end(scope_handle))
-    finally:
-        state.leave()
+        try:
+            return int(capi.lib.gpumem_scope_end(scope_handle))
+        finally:
+            state.leave()
 
 
 def _close_state(state: _State, force: bool) -> int:
@@ -162,7 +176,7 @@ def _close_state(state: _State, force: bool) -> int:
             if info is not None:
                 capi.lib.gpumem_scope_end(info[2][2])  # (args: state, key, scope handle)
         state.scopes.clear()
-        for fin, _dev in list(state.live.values()):
+        for fin, _dev, _token in list(state.live.values()):
             fin.detach()
         state.live.clear()
         return int(capi.lib.gpumem_destroy(state.handle, capi.DESTROY_FORCE))
@@ -547,7 +561,7 @@ class Context:
                 status = int(capi.lib.gpumem_reset(h, device, capi.RESET_DEVICE if reset_device else 0))
                 if status == 0:
                     state.resets += 1
-                    for ptr, (fin, dev) in list(state.live.items()):
+                    for ptr, (fin, dev, _token) in list(state.live.items()):
                         if device == ALL_DEVICES or dev == device:
                             fin.detach()
                             state.live.pop(ptr, None)
@@ -611,7 +625,8 @@ class Buffer:
         self._fin: Optional[weakref.finalize] = None
         if ptr:
             state = ctx._state
-            fin = weakref.finalize(self, _free_block, state, ptr, stream, tag)
+            token = object()
+            fin = weakref.finalize(self, _free_block, state, ptr, stream, tag, token)
             fin.atexit = False  # the context's own finalizer frees everything at exit
             with state.cond:
                 if state.resets != resets:
@@ -620,7 +635,7 @@ class Buffer:
                     # until the next reset or close at worst)
                     fin.detach()
                 else:
-                    state.live[ptr] = (fin, device)
+                    state.live[ptr] = (fin, device, token)
             self._fin = fin
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import random
 import threading
+import time
 
 import gpumem
 from conftest import is_sim
@@ -99,3 +100,51 @@ def test_buffers_freed_from_other_threads(ctx):
     _run([threading.Thread(target=free_all, args=(c,)) for c in chunks + chunks])
     st = ctx.stats()
     assert st["num_frees"] == 200 and st["num_live"] == 0
+
+
+def test_reset_while_threads_allocate(ctx):
+    """ctx.reset on one thread while others allocate and free Buffers: every Buffer still alive
+    afterwards owns a live block of its own (none was invalidated behind its back, no two share an
+    address), and frees never raise. Before, reset marked Buffers dead before the C reset and out of
+    step with allocations in flight, so a Buffer could stay alive on an invalidated block."""
+    errors = []
+    keep = []
+    ops = [0]
+    stop = threading.Event()
+
+    def worker(seed):
+        rng = random.Random(seed)
+        live = []
+        try:
+            while not stop.is_set():
+                ops[0] += 1
+                if live and rng.random() < 0.45:
+                    live.pop(rng.randrange(len(live))).free()
+                else:
+                    live.append(ctx.alloc(rng.choice((256, 4096, 65536, 3 << 20))))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        keep.extend(live)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    resets = 0
+    while (resets < 200 or ops[0] < 20000) and all(t.is_alive() for t in threads):  # counted, not timed
+        ctx.reset(device=0)
+        resets += 1
+        if resets % 8 == 0:
+            time.sleep(0)  # let the workers run
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    alive = [b for b in keep if b.alive]
+    assert len({b.ptr for b in alive}) == len(alive)
+    for b in alive:
+        assert ctx.ptr_info(b.ptr)[0] == b.size
+    assert ctx.stats()["num_live"] >= len(alive)
+    for b in keep:
+        b.free()
+    ctx.reset(device=0)
+    assert ctx.stats()["num_live"] == 0
