@@ -29,6 +29,7 @@ static gpumem_context *small_device_ctx(oom_cb_state *cb) {
   tu_setenv("GPUMEM_SIM_DEVICES", "1x64MiB");
   gpumem_config cfg;
   tu_config(&cfg);
+  cfg.watch_interval_ms = 0; /* no watcher: its free-fraction trims would race the trim-and-retry counted here */
   if (cb) {
     cfg.oom_callback = oom_cb;
     cfg.oom_user = cb;
