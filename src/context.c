@@ -457,8 +457,6 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;
-    /* before the blocks go: a scope that allocated before this moment frees none of them (scope.c) */
-    atomic_fetch_add_explicit(&ctx->reset_gen[d], 1u, memory_order_acq_rel);
     /* every cache lock is held across the reset: a free racing it lands in a cache flushed here, or fails */
     if (p != NULL && ctx->tc_on) {
       gpumem__tc_lock_all();

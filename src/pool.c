@@ -630,6 +630,9 @@ gpumem_status gpumem__pool_reset(gpumem__pool *p) {
     gpumem__mutex_unlock(&p->lock);
     return st;
   }
+  /* before the blocks go, and only when they do: a scope that allocated before this moment frees
+   * none of them (scope.c); after a reset that failed here, scopes keep their blocks */
+  atomic_fetch_add_explicit(&p->ctx->reset_gen[p->device], 1u, memory_order_acq_rel);
   uint64_t live = p->st.num_live, res = p->st.reserved_bytes;
   /* Once the first segment is given back the reset has happened: a segment
    * the backend refuses to free stays cached (a later trim or destroy gives
