@@ -659,13 +659,7 @@ class Buffer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.free()
-            return
-        try:  # the block's own exception goes on; a failing free must not replace it
-            self.free()
-        except GpumemError:
-            pass
+        _exit_closing(self.free, exc_type)
 
     def __int__(self) -> int:
         return self.ptr
@@ -775,13 +769,19 @@ class Scope:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.end()
-            return
-        try:  # the block's own exception goes on; a failing free must not replace it
-            self.end()
-        except GpumemError:
-            pass
+        _exit_closing(self.end, exc_type)
+
+
+def _exit_closing(close: Any, exc_type: Any) -> None:
+    """End a with-block: close; if the block raised, its own exception goes on (a failing close
+    must not replace it)."""
+    if exc_type is None:
+        close()
+        return
+    try:
+        close()
+    except GpumemError:
+        pass
 
 
 def _arg_error(detail: str) -> InvalidArgumentError:
