@@ -362,14 +362,16 @@ gpumem_status gpumem__pool_alloc_at(gpumem__pool *p, void *ptr, size_t size) {
     idx_insert(p, f, b);
   }
   take(p, b, rsize);
+  /* the fields before the index publishes the block, as gpumem__pool_alloc does */
+  b->requested = size;
+  b->tag = NULL;
+  b->uses = NULL;
   if (gpumem__ptrmap_insert(&ctx->map, b->addr, b, p) != 0) {
+    b->requested = 0;
     insert_coalesce(p, f, b);
     gpumem__mutex_unlock(&p->lock);
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
-  b->requested = size;
-  b->tag = NULL;
-  b->uses = NULL;
   p->st.allocated_bytes += b->size;
   if (p->st.allocated_bytes > p->st.allocated_peak) p->st.allocated_peak = p->st.allocated_bytes;
   p->st.requested_bytes += size;
