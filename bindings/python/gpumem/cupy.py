@@ -169,7 +169,8 @@ def allocator(ctx: Optional[Context] = None) -> Callable[[int], Any]:
     for. For a context of your own, and where the C path is not available
     (:func:`c_allocator_available`), the function is Python code doing the same,
     slower: each block is a :class:`gpumem.Buffer`, so closing that context
-    while CuPy holds its memory stays safe.
+    while CuPy holds its memory stays safe. The C path's function has the attribute
+    ``c_allocator`` (the ``CFunctionAllocator``); the Python one has none.
     """
     cupy = _import_cupy()
     ctx = ctx or global_context()
@@ -203,6 +204,7 @@ def _raising_malloc(c_malloc: Callable[[int], Any]) -> Callable[[int], Any]:
                 raise e.__cause__ from None
             raise
 
+    gpumem_cupy_malloc.c_allocator = c_malloc.__self__  # the CFunctionAllocator: which path serves CuPy
     return gpumem_cupy_malloc
 
 

@@ -97,11 +97,11 @@ def test_cupy_takes_the_c_path():
         import cupy, gpumem, gpumem.cupy
         assert gpumem.cupy.c_allocator_available(), "CuPy's get_stream_ptr or gpumem_cupy_malloc missing"
         f = gpumem.cupy.allocator()
-        assert isinstance(f.__self__, cupy.cuda.memory.CFunctionAllocator), f
+        assert isinstance(f.c_allocator, cupy.cuda.memory.CFunctionAllocator), f
         # a context of your own gets the Python allocator: closing it stays safe
         with gpumem.Context(backend="cuda") as own:
             g = gpumem.cupy.allocator(own)
-            assert not hasattr(g, "__self__"), g
+            assert not hasattr(g, "c_allocator"), g
             with cupy.cuda.using_allocator(g):
                 a = cupy.arange(1000)
                 assert int(a.sum()) == 499500
