@@ -45,6 +45,7 @@ typedef struct options {
   int sample_used;
   int sample_every;
   size_t sim_lag;
+  int warm;          /* --warm N: untimed passes in the same context before the timed one */
   int json;
   int no_vm_count;
   const char *json_out;
@@ -146,6 +147,8 @@ static void usage(FILE *f) {
           "                   that made the backend allocate (its peak)\n"
           "  --sample-every   with --sample-used: read it after every allocation\n"
           "  --sim-lag N      sim: the device completes queued work only every N events (a GPU behind the host)\n"
+          "  --warm N         replay the trace N times untimed in the same context first (a warm pool, as in\n"
+          "                   gpumem-bench's trace pattern); figures and vm calls are of the timed pass\n"
           "  --json           JSON output instead of the table\n"
           "  --json-out FILE  the table, and JSON into FILE\n"
           "  --no-vm-count    do not wrap the backend to count its virtual-memory calls\n"
@@ -215,6 +218,33 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   const tools_event *ev = t->events;
   size_t n = t->num_events;
   size_t i;
+  /* --warm N: the trace N times first in this context, what it leaves live freed after each pass, so
+   * that the timed pass (and its vm calls) start from a pool that holds the trace's memory, as in a
+   * training loop's later steps and in gpumem-bench's trace pattern */
+  for (int w = 0; w < o->warm && st == GPUMEM_OK; w++) {
+    for (i = 0; i < n && st == GPUMEM_OK; i++) {
+      const tools_event *e = &ev[i];
+      if (e->is_alloc)
+        st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
+      else
+        st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
+      if (!e->is_alloc && st == GPUMEM_OK) ptrs[e->slot] = NULL;
+      if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
+    }
+    for (i = 0; i < n; i++) {
+      const tools_event *e = &ev[i];
+      if (e->is_alloc && ptrs[e->slot] != NULL) {
+        if (st == GPUMEM_OK) st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
+        ptrs[e->slot] = NULL;
+      }
+    }
+    if (st != GPUMEM_OK) {
+      snprintf(r->error, sizeof r->error, "warm-up pass %d: %s", w + 1, gpumem_status_name(st));
+      (void)gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
+      return -1;
+    }
+  }
+  if (o->warm > 0) memset(&g_vm, 0, sizeof g_vm);
   uint64_t t0 = tools_now_ns();
   if (!sample) {
     for (i = 0; i < n; i++) {
@@ -372,6 +402,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--sample-used")) o.sample_used = 1;
     else if (!strcmp(a, "--sample-every")) o.sample_every = 1;
     else if (!strcmp(a, "--sim-lag") && i + 1 < argc) o.sim_lag = (size_t)strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(a, "--warm") && i + 1 < argc) o.warm = atoi(argv[++i]);
     else if (!strcmp(a, "--json")) o.json = 1;
     else if (!strcmp(a, "--no-vm-count")) o.no_vm_count = 1;
     else if (!strcmp(a, "--json-out") && i + 1 < argc) o.json_out = argv[++i];
@@ -390,7 +421,7 @@ int main(int argc, char **argv) {
       break;
     }
   }
-  if (first >= argc || o.repeat < 1) {
+  if (first >= argc || o.repeat < 1 || o.warm < 0) {
     usage(stderr);
     return 2;
   }
