@@ -106,7 +106,7 @@ static void test_default_stream_and_many_blocks(void **state) {
   void *p[N];
   size_t sz[N];
   for (int i = 0; i < N; i++) {
-    current_stream = (i % 3 == 0) ? (intptr_t)SA : 0;
+    current_stream = (i % 3 == 0 && tu_is_sim()) ? (intptr_t)SA : 0; /* a made-up stream handle only on sim */
     sz[i] = (size_t)(i + 1) * 4096;
     p[i] = gpumem_cupy_malloc(&a, sz[i], 0);
     assert_non_null(p[i]);
@@ -207,7 +207,7 @@ static void test_bad_param_block(void **state) {
 static void test_process_wide_context(void **state) {
   (void)state;
   gpumem_cupy_allocator a = param_for(NULL);
-  current_stream = (intptr_t)SA;
+  current_stream = tu_is_sim() ? (intptr_t)SA : 0; /* a made-up stream handle only on sim */
   void *p = gpumem_cupy_malloc(&a, 12345, 0);
   assert_non_null(p);
   gpumem_context *g = NULL;
@@ -241,7 +241,8 @@ static void *work(void *arg) {
   worker *w = arg;
   w->ok = 1;
   for (int i = 0; i < PER; i++) {
-    tls_stream = (i % 2) ? (intptr_t)(0x1000 * (w->id + 1)) : 0;
+    /* made-up stream handles on sim; a real backend gets the default stream only */
+    tls_stream = (i % 2 && tu_is_sim()) ? (intptr_t)(0x1000 * (w->id + 1)) : 0;
     size_t n = 256 * (size_t)(1 + (i * 7 + w->id) % 64);
     void *p = gpumem_cupy_malloc(w->a, n, 0);
     if (p == NULL) {

@@ -300,18 +300,19 @@ static void test_set_limit(void **state) {
 static void test_alloc_at_restores_state(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
+  const gpumem_stream sa = tu_is_sim() ? SA : NULL; /* a made-up stream handle only on sim */
   gpumem_graph_pool *gp;
   assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
   void *a, *b, *c;
-  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, SA, &a), GPUMEM_OK);
-  assert_status(gpumem_graph_pool_alloc(gp, 1000, SA, &b), GPUMEM_OK);
-  assert_status(gpumem_graph_pool_alloc(gp, 5 << 20, SA, &c), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, sa, &a), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 1000, sa, &b), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 5 << 20, sa, &c), GPUMEM_OK);
   gpumem_stats s0;
   memset(&s0, 0, sizeof s0);
   assert_status(gpumem_graph_pool_get_stats(gp, &s0), GPUMEM_OK);
   /* the recorded state: a, b, c live. Later all are freed, the memory reused by others ... */
-  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, b, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, sa), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, sa), GPUMEM_OK);
   assert_status(gpumem_free(ctx, c, SB), GPUMEM_OK);
   void *x;
   assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, SB, &x), GPUMEM_OK);
@@ -332,24 +333,24 @@ static void test_alloc_at_restores_state(void **state) {
   assert_int_equal(s1.num_live, s0.num_live);
   assert_int_equal(s1.reserved_bytes, s0.reserved_bytes); /* no growth: the same memory */
   /* the restored blocks are ordinary blocks: writable, freed once, never twice */
-  assert_status(gpumem_free(ctx, b, SA), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, b, SA), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_free(ctx, b, sa), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, sa), GPUMEM_ERR_INVALID_POINTER);
   /* a range inside a free block, with free memory left on both sides */
   uintptr_t mid = (uintptr_t)c + (1 << 20);
-  assert_status(gpumem_free(ctx, c, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, sa), GPUMEM_OK);
   assert_status(gpumem_graph_pool_alloc_at(gp, (void *)mid, 256), GPUMEM_OK);
   void *lo, *hi;
-  assert_status(gpumem_graph_pool_alloc(gp, 1 << 20, SA, &lo), GPUMEM_OK); /* the space before still serves */
-  assert_status(gpumem_graph_pool_alloc(gp, 2 << 20, SA, &hi), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 1 << 20, sa, &lo), GPUMEM_OK); /* the space before still serves */
+  assert_status(gpumem_graph_pool_alloc(gp, 2 << 20, sa, &hi), GPUMEM_OK);
   assert_false(overlaps(lo, 1 << 20, (void *)mid, 256));
   assert_false(overlaps(hi, 2 << 20, (void *)mid, 256));
-  assert_status(gpumem_free(ctx, (void *)mid, SA), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, lo, SA), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, hi, SA), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, (void *)mid, sa), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, lo, sa), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, hi, sa), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, sa), GPUMEM_OK);
   /* everything free again, coalesced: the whole first segment can be taken at its start */
   assert_status(gpumem_graph_pool_alloc_at(gp, a, 3 << 20), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, sa), GPUMEM_OK);
   assert_status(gpumem_graph_pool_get_stats(gp, &s1), GPUMEM_OK);
   assert_int_equal(s1.num_live, 0);
   assert_int_equal(s1.allocated_bytes, 0);
@@ -360,12 +361,13 @@ static void test_alloc_at_restores_state(void **state) {
 static void test_alloc_at_bad_input(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
+  const gpumem_stream sa = tu_is_sim() ? SA : NULL; /* a made-up stream handle only on sim */
   gpumem_graph_pool *gp;
   assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
   void *a, *outside;
-  assert_status(gpumem_graph_pool_alloc(gp, 4096, SA, &a), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 4096, SA, &outside), GPUMEM_OK); /* the device pool's, not the graph's */
-  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 4096, sa, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 4096, sa, &outside), GPUMEM_OK); /* the device pool's, not the graph's */
+  assert_status(gpumem_free(ctx, a, sa), GPUMEM_OK);
   assert_status(gpumem_graph_pool_alloc_at(NULL, a, 4096), GPUMEM_ERR_INVALID_ARGUMENT);
   assert_status(gpumem_graph_pool_alloc_at(gp, a, 0), GPUMEM_ERR_INVALID_ARGUMENT);
   assert_status(gpumem_graph_pool_alloc_at(gp, (char *)a + 8, 256), GPUMEM_ERR_INVALID_ARGUMENT);
@@ -377,12 +379,12 @@ static void test_alloc_at_bad_input(void **state) {
   memset(&st, 0, sizeof st);
   assert_status(gpumem_graph_pool_get_stats(gp, &st), GPUMEM_OK);
   assert_int_equal(st.num_live, 0); /* nothing changed */
-  assert_status(gpumem_free(ctx, outside, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, outside, sa), GPUMEM_OK);
   void *keep; /* a live block keeps the released pool (and gp) until it is freed */
-  assert_status(gpumem_graph_pool_alloc(gp, 8192, SA, &keep), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 8192, sa, &keep), GPUMEM_OK);
   assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
   assert_status(gpumem_graph_pool_alloc_at(gp, a, 4096), GPUMEM_ERR_INVALID_ARGUMENT); /* released */
-  assert_status(gpumem_free(ctx, keep, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, keep, sa), GPUMEM_OK);
   tu_ctx_done(ctx);
 }
 
