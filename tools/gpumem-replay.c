@@ -54,9 +54,14 @@ typedef struct options {
 /* Virtual-memory calls of one run, counted by the wrapper below. */
 enum { VMC_MAP, VMC_UNMAP, VMC_CREATE, VMC_DESTROY, VMC_RESERVE, VMC_RELEASE, VMC_N_ };
 static const char *const vmc_name[VMC_N_] = {"map", "unmap", "create", "destroy", "reserve", "release"};
+/* Stream-order calls of one run: what makes a multi-stream or lagging workload slow on a GPU. */
+enum { SOC_RECORD, SOC_QUERY, SOC_EVSYNC, SOC_STREAMSYNC, SOC_DEVSYNC, SOC_N_ };
+static const char *const soc_name[SOC_N_] = {"event_record", "event_query", "event_synchronize",
+                                             "stream_synchronize", "device_synchronize"};
 typedef struct vm_counts {
   uint64_t calls[VMC_N_];
   uint64_t ns; /* wall time inside the calls */
+  uint64_t so[SOC_N_];
 } vm_counts;
 
 typedef struct result {
@@ -119,6 +124,27 @@ static int w_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
   VMC_CALL(VMC_UNMAP, g_inner->vm_unmap(be, device, va, size));
 }
 
+static int w_event_record(gpumem_backend *be, int device, gpumem_event ev, gpumem_stream stream) {
+  g_vm.so[SOC_RECORD]++;
+  return g_inner->event_record(be, device, ev, stream);
+}
+static int w_event_query(gpumem_backend *be, int device, gpumem_event ev, int *complete) {
+  g_vm.so[SOC_QUERY]++;
+  return g_inner->event_query(be, device, ev, complete);
+}
+static int w_event_synchronize(gpumem_backend *be, int device, gpumem_event ev) {
+  g_vm.so[SOC_EVSYNC]++;
+  return g_inner->event_synchronize(be, device, ev);
+}
+static int w_stream_synchronize(gpumem_backend *be, int device, gpumem_stream stream) {
+  g_vm.so[SOC_STREAMSYNC]++;
+  return g_inner->stream_synchronize(be, device, stream);
+}
+static int w_device_synchronize(gpumem_backend *be, int device) {
+  g_vm.so[SOC_DEVSYNC]++;
+  return g_inner->device_synchronize(be, device);
+}
+
 /* Wrap the built-in backend `name`; NULL when it is not built in or has no virtual memory. */
 static const gpumem_backend *wrap_backend(const char *name) {
   const gpumem_backend *in = gpumem_builtin_backend(name);
@@ -133,6 +159,11 @@ static const gpumem_backend *wrap_backend(const char *name) {
   g_wrap.vm_destroy = w_vm_destroy;
   g_wrap.vm_map = w_vm_map;
   g_wrap.vm_unmap = w_vm_unmap;
+  if (in->event_record) g_wrap.event_record = w_event_record;
+  if (in->event_query) g_wrap.event_query = w_event_query;
+  if (in->event_synchronize) g_wrap.event_synchronize = w_event_synchronize;
+  if (in->stream_synchronize) g_wrap.stream_synchronize = w_stream_synchronize;
+  if (in->device_synchronize) g_wrap.device_synchronize = w_device_synchronize;
   g_wrap.malloc = w_malloc;
   return &g_wrap;
 }
@@ -493,6 +524,8 @@ int main(int argc, char **argv) {
           for (int k = 0; k < VMC_N_; k++)
             fprintf(jf, ", \"vm_%s_calls\": %llu", vmc_name[k], (unsigned long long)r.vm.calls[k]);
           fprintf(jf, ", \"vm_call_ns\": %llu", (unsigned long long)r.vm.ns);
+          for (int k = 0; k < SOC_N_; k++)
+            fprintf(jf, ", \"%s_calls\": %llu", soc_name[k], (unsigned long long)r.vm.so[k]);
         }
       }
       fprintf(jf, "}");
@@ -509,6 +542,11 @@ int main(int argc, char **argv) {
         for (int k = 0; k < VMC_N_; k++) printf(" %s %llu", vmc_name[k], (unsigned long long)r.vm.calls[k]);
         printf("; %.1f ms in them (%.1f ns/event)\n", (double)r.vm.ns / 1e6,
                t.num_events ? (double)r.vm.ns / (double)t.num_events : 0.0);
+      }
+      if (r.vm_counted) {
+        printf("  stream-order calls:");
+        for (int k = 0; k < SOC_N_; k++) printf(" %s %llu", soc_name[k], (unsigned long long)r.vm.so[k]);
+        printf("\n");
       }
       if (r.streams_null) printf("  note: %zu streams replayed on the default stream (no stream support for this backend in the tools)\n", t.num_streams);
       if (t.num_unmatched_frees) printf("  note: %zu frees of unknown IDs skipped\n", t.num_unmatched_frees);
