@@ -7,10 +7,12 @@
  *     second stream on nothing is kept;
  *   - a block noted on another stream (gpumem_record_stream) is not kept: it waits for that stream;
  *   - trim, reset and a lower limit give it back, and so does another thread's allocation that
- *     needs the memory (the limit path flushes every cache of the pool).
+ *     needs the memory (the limit path flushes every cache of the pool), and low device memory
+ *     (the watcher's free-fraction check).
  * Sim only (exact byte counts, delayed streams). */
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpumem/sim.h"
 #include "testutil.h"
@@ -256,6 +258,42 @@ static void test_limit_takes_another_threads_block(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* An idle thread's kept block goes back when the device runs low: the watcher's free-fraction check
+ * (share.c, tick) flushes the pool's thread caches. Another context takes most of the device. */
+static void test_low_device_memory_gives_it_back(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  TU_REQUIRE_CACHES();
+  assert_int_equal(tu_ctx_live(), 0);
+  tu_setenv("GPUMEM_SIM_DEVICES", "1GiB"); /* a large slot holds up to 64 MiB */
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.share = "off";
+  cfg.watch_interval_ms = 10;
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  warm(ctx, NULL);
+  const size_t n = 64 * MiB;
+  (void)park(ctx, n, NULL);
+  cfg.watch_interval_ms = 0;
+  gpumem_context *other = tu_ctx_new(&cfg);
+  gpumem_device_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  assert_status(gpumem_device_get_info(other, 0, &info), GPUMEM_OK);
+  void *big = NULL;
+  assert_true(info.free_bytes > 64 * MiB);
+  assert_status(gpumem_alloc(other, 0, (size_t)(info.free_bytes - 48 * MiB) & ~(2 * MiB - 1), NULL, &big), GPUMEM_OK);
+  /* the device is below 10 % free now: the watcher's next check gives the kept block back */
+  int polls = 0;
+  while (gpumem__tc_cached_bytes() != 0 && polls++ < 5000) usleep(1000);
+  assert_int_equal(gpumem__tc_cached_bytes(), 0);
+  gpumem_stats s = tu_stats(ctx, 0);
+  assert_int_equal(s.allocated_bytes, 0);
+  assert_status(gpumem_free(other, big, NULL), GPUMEM_OK);
+  tu_ctx_done(other);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_pairs_take_the_kept_block),
@@ -263,6 +301,7 @@ int main(void) {
       TU_TEST(test_record_stream_not_kept),
       TU_TEST(test_trim_reset_limit_give_it_back),
       TU_TEST(test_limit_takes_another_threads_block),
+      TU_TEST(test_low_device_memory_gives_it_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
