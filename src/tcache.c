@@ -226,8 +226,9 @@ static void tc_detach(gpumem__tc *c) {
   tc_set_pool(c, NULL);
 }
 
-/* Once per context, at its first thread cache: which lock protocol the caches use (info), so that a
- * user who finds the hits slow (a container whose seccomp filter blocks membarrier) can see why. */
+/* Once per context, at its first allocation through a thread cache: which lock protocol the caches use
+ * (info), so that a user who finds the hits slow (a container whose seccomp filter blocks membarrier)
+ * can see why. */
 static __attribute__((noinline)) void tc_say_protocol_(gpumem_context *ctx) {
   if (atomic_exchange_explicit(&ctx->tc_said, 1, memory_order_relaxed) != 0) return;
   if (gpumem__tc_asym)
@@ -560,7 +561,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
 gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
-  tc_say_protocol(ctx);
+  /* (no tc_say_protocol: a block of this context came from gpumem__tc_alloc, which said it) */
   uintptr_t key = (uintptr_t)ptr;
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(&ctx->map, h);
