@@ -23,6 +23,9 @@
  * pool, and forgets them; a rekey, reset or detach forgets every block the
  * cache remembered, a flush for growth, out of memory or trim keeps the live
  * ones remembered.
+ * A block above GPUMEM__TC_MAX_SIZE has the cache's one large slot instead
+ * ("The large slot" below): kept from a free right after its hand-out to the
+ * next allocation of its size, given back before any other call to the pool.
  * Stream order: the cache only ever serves the stream the block was freed
  * on. Cached blocks are live for the pool; statistics are the pool's
  * adjusted by every cache's counters, read under every cache lock.
