@@ -36,6 +36,6 @@ for r in $(seq 1 "$ROUNDS"); do
   for side in a b; do
     "$ROOT/build-ab-$side/tools/gpumem-bench" --backend "$BACKEND" --repeat "$REPEAT" --only libgpumem \
       --patterns "$PATTERNS" --json-out "$O/ab-$side-$r.json" >"$O/ab-$side-$r.txt" 2>&1
-    echo "round $r $side: $(grep -E '^(pair 64 KiB|random|threads 16)' "$O/ab-$side-$r.txt" | awk '{printf "%s=%s ", $1 $2 $3, $NF}')" | tee -a "$S"
+    echo "round $r $side: $(grep -E '^(pair 64 KiB|pair 2 MiB|pair 64 MiB|pair 1 GiB|random|threads 16)' "$O/ab-$side-$r.txt" | awk '{printf "%s=%s ", $1 $2 $3, $NF}')" | tee -a "$S"
   done
 done

@@ -263,6 +263,15 @@ static GPUMEM__NOIPA gpumem_status alloc_near(void *unused0, int unused1, size_t
   return alloc_checked_(ctx, device, size, stream, tag, out_ptr, hit == 0);
 }
 
+/* A request above GPUMEM__TC_MAX_SIZE (gpumem__tc_fast_alloc returned -2): the calling thread's large
+ * slot, else every check and the full path. (The parameters come in the registers gpumem_alloc has
+ * them in.) */
+static GPUMEM__NOIPA gpumem_status alloc_large(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                               void **out_ptr, const char *tag) {
+  if (gpumem__tc_large_hit(ctx, device, size, stream, tag, out_ptr)) return GPUMEM_OK;
+  return alloc_checked(ctx, device, size, stream, out_ptr, tag);
+}
+
 /* The one allocation path: the thread cache's hit inline (it matches only arguments it was keyed
  * to, which passed these checks then: tcache.h), then every check and the full path. */
 static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
@@ -270,7 +279,8 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
   if (GPUMEM__LIKELY(out_ptr != NULL)) {
     int hit = gpumem__tc_fast_alloc(ctx, device, size, stream, tag, out_ptr);
     if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
-    if (hit < 0) return alloc_near(NULL, 0, size, NULL, out_ptr, tag); /* the cache stays locked for it */
+    if (hit == -1) return alloc_near(NULL, 0, size, NULL, out_ptr, tag); /* the cache stays locked for it */
+    if (hit < 0) return alloc_large(ctx, device, size, stream, out_ptr, tag);
   }
   return alloc_checked(ctx, device, size, stream, out_ptr, tag);
 }

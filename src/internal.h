@@ -199,7 +199,7 @@ static inline int gpumem__block_cached(const gpumem__block *b) {
 /**
  * Accounting of one thread cache towards its pool (tcache.c). Blocks in a
  * thread cache are live for the pool (allocated_bytes counts them); the true
- * allocated bytes are the pool's minus every cache's cached bytes (budget - room). They and
+ * allocated bytes are the pool's minus every cache's cached bytes (gpumem__tc_acct_cached). They and
  * `headroom` change only under the pool lock, or by the owning thread under
  * its cache lock (the pool reads them under the pool lock during that
  * thread's own pool call). headroom <= cached: bytes the owner may take out
@@ -210,17 +210,22 @@ typedef struct gpumem__tc_acct {
   uint64_t room;      /* budget - cached: the bytes the cache may still take in */
   uint64_t headroom;
   uint64_t budget;    /* cached bytes at most (gpumem__pool_tc_budget of the pool, set when keyed) */
+  uint64_t lcached;   /* bytes of the block in the cache's large slot (0: empty; tcache.c) */
   int grow_blocked;  /* set by gpumem__pool_alloc: it would have grown while this or another thread cache of the pool
                       * could hold blocks (it returned GPUMEM_ERR_BUSY) */
   gpumem__block *last;  /* set by gpumem__pool_alloc on success: the block handed out ... */
   uint64_t last_state;  /* ... its state then (the cache remembers them, tcache.h) ... */
   size_t last_size;     /* ... and its size */
+  int large_ok;         /* set by gpumem__pool_alloc on success: the pool has seen one stream only, this call's,
+                         * and records no events at its frees (solo mode): the cache may keep the block, when it
+                         * is large, at its free (tcache.c, the large slot) */
   int hopeless;         /* set by gpumem__pool_alloc: refused a request no flush can help (above the limit or the
                          * device), counted and logged once already */
 } gpumem__tc_acct;
 
-/** Bytes held in the cache of acct (kept as budget - room: the inlined free tests and updates room alone). */
-static inline uint64_t gpumem__tc_acct_cached(const gpumem__tc_acct *a) { return a->budget - a->room; }
+/** Bytes held in the cache of acct: its small blocks (kept as budget - room: the inlined free tests and updates
+ *  room alone) and its large slot's block. */
+static inline uint64_t gpumem__tc_acct_cached(const gpumem__tc_acct *a) { return a->budget - a->room + a->lcached; }
 
 /** Create the pool of one device (and its initial segment if configured). */
 gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out);
@@ -239,17 +244,20 @@ void gpumem__pool_free_block(gpumem__pool *pool, gpumem__block *b, gpumem_stream
 /**
  * Give n blocks of a thread cache back to the pool as frees on `stream`
  * (named: this call names the stream, so its event may be recorded now).
- * acct->cached drops by their bytes under the pool lock; the cache's
- * counters (req/allocs/frees/live deltas) are folded into the pool's and zeroed.
+ * The cache's cached bytes drop by their bytes under the pool lock (lbytes of them: the block of
+ * its large slot, acct->lcached); the cache's counters (req/allocs/frees/live deltas) are folded
+ * into the pool's and zeroed.
  */
 void gpumem__pool_put_cached(gpumem__pool *pool, gpumem__tc_acct *acct, gpumem__block **blocks, size_t n,
-                             gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
-                             uint64_t *d_frees);
+                             uint64_t lbytes, gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live,
+                             uint64_t *d_allocs, uint64_t *d_frees);
 /** A thread cache was keyed to this pool (delta 1) or stopped being (-1), or (0) none changed; returns how many
  *  are keyed to it now. Thread-safe. */
 int gpumem__pool_tc_keyed(gpumem__pool *pool, int delta);
 /** Bytes a thread cache of this pool may hold (GPUMEM__TC_MAX_BYTES at most). Takes the pool lock (not held by the caller). */
 uint64_t gpumem__pool_tc_budget(gpumem__pool *pool);
+/** Bytes of blocks above GPUMEM__TC_MAX_SIZE a thread cache of this pool may hold (its large slots). Takes the pool lock. */
+uint64_t gpumem__pool_tc_large_budget(gpumem__pool *pool);
 /** Raise the allocated peak to the pool's allocated bytes minus acct->cached; renew acct->headroom. */
 void gpumem__pool_tc_peak(gpumem__pool *pool, gpumem__tc_acct *acct);
 /** The pool lock and statistics, for the thread caches' exact reads (tcache.c). */

@@ -242,6 +242,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
         acct->last = b;
         acct->last_size = b->size; /* (read here: once unlocked, a stale free of this address may merge b) */
         acct->last_state = atomic_load_explicit(&b->state, memory_order_relaxed);
+        acct->large_ok = p->solo == SOLO_ONE; /* (solo: the search noted this call's stream: it is the one) */
         gpumem__pool_tc_peak(p, acct); /* the caller's cached blocks are not allocated */
       } else if (p->st.allocated_bytes > p->st.allocated_peak) {
         p->st.allocated_peak = p->st.allocated_bytes;
@@ -459,10 +460,13 @@ void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream st
 }
 
 void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__block **blocks, size_t n,
-                             gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live, uint64_t *d_allocs,
-                             uint64_t *d_frees) {
+                             uint64_t lbytes, gpumem_stream stream, int named, int64_t *d_req, int64_t *d_live,
+                             uint64_t *d_allocs, uint64_t *d_frees) {
   gpumem__mutex_lock(&p->lock);
   guard_ctx(p, stream, named, 0);
+  /* (the owner may be in gpumem__pool_alloc, reading acct under this lock: it changes under it) */
+  acct->lcached -= lbytes;
+  acct->room -= lbytes; /* (given back with every block's size below: the large block's was not in room) */
   for (size_t i = 0; i < n; i++) {
     gpumem__block *b = blocks[i];
     acct->room += b->size;
@@ -507,6 +511,17 @@ uint64_t gpumem__pool_tc_budget(gpumem__pool *p) {
   uint64_t base = limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
   uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
   return b < GPUMEM__TC_MAX_BYTES ? b : GPUMEM__TC_MAX_BYTES;
+}
+
+uint64_t gpumem__pool_tc_large_budget(gpumem__pool *p) {
+  /* a 16th of what the device may hold (tcache.c, the large slot). The block kept stays visible
+   * (cached in the statistics) and comes back at the thread's next call to the pool, and on trim,
+   * reset, out of memory, a limit, a share ask and low device memory (the watcher's check). */
+  gpumem__mutex_lock(&p->lock);
+  uint64_t limit = p->limit;
+  gpumem__mutex_unlock(&p->lock);
+  uint64_t base = limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
+  return base / GPUMEM__TC_LARGE_DIV;
 }
 
 int gpumem__pool_tc_keyed(gpumem__pool *p, int delta) {

@@ -262,7 +262,7 @@ gpumem_status gpumem__seg_release(gpumem__pool *p, gpumem__segment *s);
 gpumem_status gpumem__release_empty(gpumem__pool *p, uint64_t keep, uint64_t *released);
 void gpumem__count_trim(gpumem__pool *p, uint64_t released, const char *why);
 void gpumem__check_threshold(gpumem__pool *p);
-void gpumem__check_free_fraction(gpumem__pool *p);
+int gpumem__check_free_fraction(gpumem__pool *p);
 
 /* expandable.c: placement in expandable segments */
 gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream,

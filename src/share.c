@@ -326,7 +326,16 @@ static int tick(gpumem__pshare *ps) {
   gpumem__pool *p = ps->p;
   gpumem__mutex_lock(&p->lock);
   guard_ctx(p, NULL, 0, 1); /* as a trim: no stream of its own, it may wait for the device */
-  gpumem__check_free_fraction(p);
+  if (gpumem__check_free_fraction(p) && p->ctx->tc_on &&
+      atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 0) {
+    /* low device memory, and thread caches may hold blocks (a large one of an idle thread too): they
+     * come back as at an answer (cache locks before the pool lock), and the check runs again */
+    gpumem__mutex_unlock(&p->lock);
+    (void)gpumem__tc_flush(p->ctx, p, 0);
+    gpumem__mutex_lock(&p->lock);
+    guard_ctx(p, NULL, 0, 1);
+    (void)gpumem__check_free_fraction(p);
+  }
   publish(ps);
   /* (a thread cache keyed to the pool may hold free blocks: they count as live for the pool, and an
    * answer flushes them, so the thread stays while one is keyed) */

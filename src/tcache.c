@@ -23,6 +23,9 @@
  * pool, and forgets them; a rekey, reset or detach forgets every block the
  * cache remembered, a flush for growth, out of memory or trim keeps the live
  * ones remembered.
+ * A block above GPUMEM__TC_MAX_SIZE has the cache's one large slot instead
+ * ("The large slot" below): kept from a free right after its hand-out to the
+ * next allocation of its size, given back before any other call to the pool.
  * Stream order: the cache only ever serves the stream the block was freed
  * on. Cached blocks are live for the pool; statistics are the pool's
  * adjusted by every cache's counters, read under every cache lock.
@@ -157,6 +160,7 @@ static void tc_init(gpumem__tc *c) {
 
 static void own_clear(gpumem__tc *c) {
   for (int i = 0; i < GPUMEM__TC_OWN; i++) c->own[i].key = GPUMEM__TC_OWN_EMPTY;
+  c->lfresh.key = GPUMEM__TC_OWN_EMPTY;
 }
 
 /* Give every cached block back to c->pool and fold the counters. Cache lock held.
@@ -167,14 +171,27 @@ static void own_clear(gpumem__tc *c) {
  * remembered live block's slot expects its state now, which only moves on (a free of it anywhere
  * else makes the slot's claim fail). A block given back is forgotten: the removal from the index
  * makes its state the one its slot anticipated for the next pop. */
-static void flush_locked(gpumem__tc *c, int named, int forget) {
-  c->flushes++;
+static void flush_some(gpumem__tc *c, int named, int forget, int large_only);
+static void flush_locked(gpumem__tc *c, int named, int forget) { flush_some(c, named, forget, 0); }
+
+/* large_only: only the large slot's block goes back (the owner, before it asks the pool: large_before_pool). */
+static __attribute__((noinline)) void flush_some(gpumem__tc *c, int named, int forget, int large_only) {
+  if (!large_only) c->flushes++;
   if (forget) own_clear(c);
   if (c->pool == NULL) return;
   if (gpumem__tc_acct_cached(&c->acct) == 0 && c->d_req == 0 && c->d_allocs == 0 && c->d_frees == 0) return;
-  gpumem__block *all[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
+  gpumem__block *all[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP + 1];
   size_t n = 0;
-  for (int k = 0; k < GPUMEM__TC_CLASSES; k++) {
+  uint64_t lbytes = 0;
+  if (c->lblk != NULL) {
+    gpumem__block *b = c->lblk;
+    c->lblk = NULL;
+    lbytes = c->lsz;
+    if (c->lfresh.key == b->addr) c->lfresh.key = GPUMEM__TC_OWN_EMPTY;
+    (void)gpumem__ptrmap_remove(&c->ctx->map, b->addr, c->pool, 1); /* (as for the classes below) */
+    all[n++] = b;
+  }
+  for (int k = 0; k < (large_only ? 0 : GPUMEM__TC_CLASSES); k++) {
     while (c->n[k] > 0) {
       gpumem__block *b = c->blk[(size_t)k * GPUMEM__TC_BIN_CAP + --c->n[k]];
       gpumem__tc_own *o = gpumem__tc_own_of(c, b->addr);
@@ -185,7 +202,7 @@ static void flush_locked(gpumem__tc *c, int named, int forget) {
     }
   }
   int64_t d_live = (int64_t)c->d_allocs - (int64_t)c->d_frees; /* frees may outnumber allocs here */
-  gpumem__pool_put_cached(c->pool, &c->acct, all, n, c->stream, named, &c->d_req, &d_live, &c->d_allocs,
+  gpumem__pool_put_cached(c->pool, &c->acct, all, n, lbytes, c->stream, named, &c->d_req, &d_live, &c->d_allocs,
                           &c->d_frees);
 }
 
@@ -205,20 +222,26 @@ static void tc_detach(gpumem__tc *c) {
   gpumem__pool *p = c->pool;
   if (p != NULL) gpumem__mutex_lock(gpumem__pool_mutex(p));
   c->acct.budget = c->acct.room = 0;
+  c->lbudget = 0;
+  c->acct.large_ok = 0;
   c->acct.headroom = 0;
   if (p != NULL) gpumem__mutex_unlock(gpumem__pool_mutex(p));
   tc_set_pool(c, NULL);
 }
 
-/* Once per context, at its first thread cache: which lock protocol the caches use (info), so that a
- * user who finds the hits slow (a container whose seccomp filter blocks membarrier) can see why. */
-static void tc_say_protocol(gpumem_context *ctx) {
-  if (GPUMEM__LIKELY(atomic_load_explicit(&ctx->tc_said, memory_order_relaxed) != 0)) return;
+/* Once per context, at its first allocation through a thread cache: which lock protocol the caches use
+ * (info), so that a user who finds the hits slow (a container whose seccomp filter blocks membarrier)
+ * can see why. */
+static __attribute__((noinline)) void tc_say_protocol_(gpumem_context *ctx) {
   if (atomic_exchange_explicit(&ctx->tc_said, 1, memory_order_relaxed) != 0) return;
   if (gpumem__tc_asym)
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "thread caches: asymmetric lock (membarrier), inlined hits");
   else
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "thread caches: spinlock, no inlined hits (%s)", g_asym_why);
+}
+
+static inline void tc_say_protocol(gpumem_context *ctx) {
+  if (GPUMEM__UNLIKELY(atomic_load_explicit(&ctx->tc_said, memory_order_relaxed) == 0)) tc_say_protocol_(ctx);
 }
 
 static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem_stream stream) {
@@ -235,6 +258,8 @@ static void tc_rekey(gpumem__tc *c, gpumem_context *ctx, gpumem__pool *p, gpumem
   c->dev = gpumem__pool_device(p);
   c->stream = stream;
   c->acct.budget = c->acct.room = gpumem__pool_tc_budget(p); /* nothing cached */
+  c->lbudget = gpumem__pool_tc_large_budget(p);
+  c->acct.large_ok = 0; /* until the pool says it is single-stream on this stream (gpumem__pool_alloc) */
   c->acct.headroom = 0;
   c->misses = 0;
 }
@@ -345,6 +370,86 @@ static size_t near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned 
   return 0;
 }
 
+/* The large slot. A block above GPUMEM__TC_MAX_SIZE freed by this cache's thread on its key right
+ * after this cache handed it out (no pool call of this cache came between: the block is lfresh) is
+ * kept in the slot, and the next allocation of exactly its rounded size takes it back: no pool lock,
+ * no search, no split, no coalescing, no index operation (the free claims it through lfresh with one
+ * compare-and-swap, as the inlined free claims a small block). Any other call of this cache that goes
+ * to the pool gives the slot's block back first (large_before_pool), so that the pool sees the
+ * sequence of frees and allocations it would have seen without the slot: the block comes back where
+ * the pool's search, in the same state as at its allocation, would have placed that request again.
+ * A kept block that serves a different request, or waits across other calls to the pool, splits the
+ * space the pool searches: the replays' peaks rose with it. Only while the pool is single-stream on
+ * this stream (solo mode, acct.large_ok), whose own frees record no event either: a block kept here
+ * costs another stream nothing it would otherwise have had. */
+
+/* 1 if the large block of bsize may be kept. Cache lock held. */
+static int large_fits(const gpumem__tc *c, size_t bsize) {
+  return c->lblk == NULL && bsize <= c->lbudget; /* (lfresh is set only where the pool allows: acct.large_ok) */
+}
+
+/* Before a call of this cache's thread to pool p on (ctx, stream) (an allocation it does not serve, a
+ * free it does not keep): the slot's block goes back to p first (named when the call names the
+ * cache's stream), and no block is fresh any more. Cache lock held. */
+static inline void large_before_pool(gpumem__tc *c, gpumem__pool *p, gpumem_context *ctx, gpumem_stream stream) {
+  c->lfresh.key = GPUMEM__TC_OWN_EMPTY;
+  if (GPUMEM__UNLIKELY(c->lblk != NULL) && c->pool == p) flush_some(c, c->ctx == ctx && c->stream == stream, 0, 1);
+}
+
+/* Take the slot's block for a request of size (tag): live again (as gpumem__tc_take_last; lfresh
+ * still remembers it, with the state the revive gives it). Cache lock held; the caller accounts the
+ * headroom. */
+static gpumem__block *large_take(gpumem__tc *c, size_t size, const char *tag) {
+  gpumem__block *b = c->lblk;
+  c->lblk = NULL;
+  c->acct.lcached = 0;
+  b->requested = size;
+  b->tag = tag;
+  gpumem__tc_revive(b); /* the state lfresh expects */
+  c->d_req += (int64_t)size;
+  c->d_allocs++;
+  return b;
+}
+
+/* A free on this cache's key of lfresh's block: when it may be kept, it is claimed without the
+ * index (the swap decides, as in the inlined free: tcache.h) and kept in the slot. 1 when kept; 0:
+ * nothing changed. Cache lock held, keyed to the call. */
+static int large_claim(gpumem__tc *c) {
+  gpumem__tc_own *o = &c->lfresh;
+  if (!large_fits(c, o->meta)) return 0;
+  uint64_t state = o->state;
+  gpumem__block *b = o->b;
+  if (!atomic_compare_exchange_strong_explicit(&b->state, &state, state + 1u, memory_order_acq_rel,
+                                               memory_order_relaxed))
+    return 0;
+  o->state += 2u; /* the state its next take gives it */
+  c->lblk = b;
+  c->lsz = o->meta;
+  c->acct.lcached = o->meta;
+  c->acct.headroom += o->meta;
+  c->d_req -= (int64_t)b->requested;
+  c->d_frees++;
+  return 1;
+}
+
+int gpumem__tc_large_hit(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream, const char *tag, void **out) {
+  gpumem__tc *c = gpumem__tls_tc;
+  if (!gpumem__tc_trylock(c)) return 0; /* (no membarrier: the full path, which looks too) */
+  gpumem__block *b = c->lblk;
+  /* (a size whose rounding wraps gives a small value, which no large block has) */
+  if (b != NULL && c->ctx == ctx && c->dev == dev && c->stream == stream && c->lsz == ((size + 255) & ~(size_t)255) &&
+      c->lsz <= c->acct.headroom) {
+    c->acct.headroom -= c->lsz;
+    b = large_take(c, size, tag);
+    void *addr = (void *)b->addr; /* while locked: a reset flushes the cache, then frees b's record */
+    gpumem__tc_unlock_fast(c);
+    *out = addr;
+    return 1;
+  }
+  gpumem__tc_unlock_fast(c);
+  return 0;
+}
+
 int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size <= GPUMEM__TC_MAX_SIZE */
@@ -362,6 +467,22 @@ int gpumem__tc_near_hit(size_t size, const char *tag, void **out) {
   return bsize != 0 ? -1 : 0;
 }
 
+/* b was just taken out of c (locked, keyed to pool p) for this call: the allocated peak (the headroom,
+ * else under the pool lock), then *out, unlocked. */
+static gpumem_status take_held(gpumem__tc *c, gpumem__pool *p, gpumem__block *b, void **out) {
+  if (b->size <= c->acct.headroom) {
+    c->acct.headroom -= b->size;
+  } else {
+    gpumem__mutex_lock(gpumem__pool_mutex(p));
+    gpumem__pool_tc_peak(p, &c->acct);
+    gpumem__mutex_unlock(gpumem__pool_mutex(p));
+  }
+  void *addr = (void *)b->addr; /* while locked (a reset frees the record after its flush) */
+  gpumem__tc_unlock(c);
+  *out = addr;
+  return GPUMEM_OK;
+}
+
 gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size, gpumem_stream stream,
                                const char *tag, void **out, int looked) {
   gpumem__tc *c = tc_self();
@@ -373,6 +494,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
   tc_say_protocol(ctx); /* (no lock held: the log callback may do what it likes) */
   gpumem__tc_acct *acct = NULL;
   unsigned flushes = 0;
+  int fresh = 0; /* a large block from the pool becomes lfresh */
   gpumem__tc_lock(c);
   /* keyed to another (context, pool, stream): an empty cache is rekeyed now, before the pool is asked
    * (so that the pool sees it: see grow_blocked below), a full one after a few such calls */
@@ -388,22 +510,18 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     if (size <= GPUMEM__TC_MAX_SIZE && !looked) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
       unsigned k = 0, at = 0;
-      if (near_fit(c, rsize, &k, &at) != 0) {
-        gpumem__block *b = gpumem__tc_pop(c, k, at, size, tag);
-        if (b->size <= c->acct.headroom) {
-          c->acct.headroom -= b->size;
-        } else {
-          gpumem__mutex_lock(gpumem__pool_mutex(p));
-          gpumem__pool_tc_peak(p, &c->acct);
-          gpumem__mutex_unlock(gpumem__pool_mutex(p));
-        }
-        void *addr = (void *)b->addr; /* while locked (a reset frees the record after its flush) */
-        gpumem__tc_unlock(c);
-        *out = addr;
-        return GPUMEM_OK;
-      }
+      if (near_fit(c, rsize, &k, &at) != 0) return take_held(c, p, gpumem__tc_pop(c, k, at, size, tag), out);
+    } else if (size > GPUMEM__TC_MAX_SIZE) {
+      /* (a size whose rounding wraps gives a small rsize, which no large block has; the pool refuses it) */
+      size_t rsize = (size + 255) & ~(size_t)255;
+      if (!looked && c->lblk != NULL && c->lsz == rsize) return take_held(c, p, large_take(c, size, tag), out);
+      /* the large block from the pool is remembered (lfresh) only when this size was asked for last
+       * time too: requests of sizes that do not repeat pay nothing for the slot */
+      fresh = rsize == c->lprev;
+      c->lprev = rsize;
     }
   }
+  large_before_pool(c, p, ctx, stream);
   gpumem__tc_unlock(c);
   /* not keyed: while routes exist no cache is (tc_rekey), and the allocation may be a graph's */
   if (acct == NULL && gpumem__graph_alloc_routed(ctx, gpumem__pool_device(p), size, stream, tag, out, &st)) return st;
@@ -427,14 +545,16 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * request above the limit or the device: the same refusal again, counted and logged twice. */
     if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
-  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL && size <= GPUMEM__TC_MAX_SIZE) {
+  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL && (size <= GPUMEM__TC_MAX_SIZE || (fresh && acct->large_ok))) {
     /* remember the block, so that this thread's free of it claims it without the index; not when a
      * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
     gpumem__tc_lock(c);
     gpumem__block *b = acct->last;
     size_t bsize = acct->last_size;
-    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream && bsize <= GPUMEM__TC_MAX_SIZE)
-      gpumem__tc_remember(c, b, (uintptr_t)*out, acct->last_state, bsize, c->class_of[bsize >> 8]);
+    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream) {
+      if (bsize <= GPUMEM__TC_MAX_SIZE) gpumem__tc_remember(c, b, (uintptr_t)*out, acct->last_state, bsize, c->class_of[bsize >> 8]);
+      else c->lfresh = (gpumem__tc_own){(uintptr_t)*out, b, acct->last_state, bsize};
+    }
     acct->last = NULL;
     gpumem__tc_unlock(c);
   }
@@ -444,11 +564,17 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
 gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
   gpumem__tc *c = tc_self();
   if (c == NULL) return gpumem__free_unmonitored(ctx, ptr, stream);
-  tc_say_protocol(ctx);
+  /* (no tc_say_protocol: a block of this context came from gpumem__tc_alloc, which said it) */
   uintptr_t key = (uintptr_t)ptr;
   uint64_t h = gpumem__ptrmap_hash(key);
   gpumem__ptrmap_shard *s = gpumem__ptrmap_shard_of(&ctx->map, h);
   gpumem__tc_lock(c);
+  if (GPUMEM__UNLIKELY(c->lfresh.key == key) && c->ctx == ctx && c->stream == stream && large_claim(c)) {
+    /* the large block this cache handed out last */
+    c->misses = 0;
+    gpumem__tc_unlock(c);
+    return GPUMEM_OK;
+  }
   /* one look-up in the index claims the live block either way: kept in this cache (even -> odd,
    * the entry stays) or taken out of the index for its pool (even -> even + 2, the entry goes) */
   gpumem__ptrmap_lock(s);
@@ -489,6 +615,7 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
   gpumem__ptrmap_erase_locked(s, e);
   gpumem__ptrmap_unlock(s);
   /* this thread owns b now; a reset takes every cache lock first, so it cannot drop b under us */
+  large_before_pool(c, p, ctx, stream);
   gpumem__pool_free_block(p, b, stream);
   if (c->ctx == ctx && c->pool == p && c->stream == stream) c->misses = 0;
   else tc_miss(c, ctx, p, stream);
@@ -517,6 +644,7 @@ size_t gpumem__tc_flush(gpumem_context *ctx, gpumem__pool *p, int detach) {
     remote_wait(c);
     if (c->ctx == ctx && (p == NULL || c->pool == p)) {
       for (int k = 0; k < GPUMEM__TC_CLASSES; k++) n += c->n[k];
+      n += c->lblk != NULL;
       flush_locked(c, 0, detach); /* a detach (destroy, monitoring) forgets every remembered block */
       if (detach) tc_detach(c);
     }

@@ -35,6 +35,10 @@
 #define GPUMEM__TC_CLASSES 81                   /* size classes: gpumem__tc_class(GPUMEM__TC_MAX_SIZE) + 1 */
 #define GPUMEM__TC_BIN_CAP 8                    /* blocks per class */
 #define GPUMEM__TC_MAX_BYTES ((uint64_t)64 << 20) /* bytes per cache, at most (gpumem__pool_tc_budget) */
+/* A block above GPUMEM__TC_MAX_SIZE is kept in the cache's one large slot only from its free to the next
+ * call (tcache.c, "The large slot"), under a bound of its own: a GPUMEM__TC_LARGE_DIV-th of the device
+ * or limit (gpumem__pool_tc_large_budget). */
+#define GPUMEM__TC_LARGE_DIV 16
 #define GPUMEM__TC_OWN_LOG 10
 #define GPUMEM__TC_OWN (1 << GPUMEM__TC_OWN_LOG)   /* blocks this cache remembers (tcache.h gpumem__tc_own) */
 
@@ -80,6 +84,12 @@ typedef struct gpumem__tc {
   uint8_t n[GPUMEM__TC_CLASSES];
   size_t sz[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
   gpumem__block *blk[GPUMEM__TC_CLASSES * GPUMEM__TC_BIN_CAP];
+  gpumem__block *lblk;         /* the large slot: a freed block above GPUMEM__TC_MAX_SIZE (NULL: empty) ... */
+  size_t lsz;                  /* ... of this size (acct.lcached while it is there) */
+  size_t lprev;                /* the rounded size of the last request above GPUMEM__TC_MAX_SIZE the pool served */
+  uint64_t lbudget;            /* the slot's block has at most this size (gpumem__pool_tc_large_budget) */
+  gpumem__tc_own lfresh;       /* the large block this cache handed out last, while no pool call of this cache came
+                                * since (meta: its size; key GPUMEM__TC_OWN_EMPTY: none) */
   gpumem__tc_own own[GPUMEM__TC_OWN];
   /* gpumem__tc_class of every size up to GPUMEM__TC_MAX_SIZE, by units of 256 bytes: in the cache, so
    * that the inlined hit reads it at an offset from the one pointer it has (no shift by a variable
@@ -184,6 +194,18 @@ static inline unsigned gpumem__tc_class(size_t bsize) {
   return (s << 3) + (unsigned)(u >> s);
 }
 
+/* 1 when the cache c may hold a block in its large slot: read without its lock, by its owner, as a hint
+ * (gpumem__tc_large_hit looks again under the lock). x86-64: a plain load; where the hot paths use C11
+ * atomics (ThreadSanitizer, which sees a race in any unlocked read), always 1. */
+static inline __attribute__((always_inline)) int gpumem__tc_large_held(const gpumem__tc *c) {
+#if GPUMEM__TC_X86
+  return __atomic_load_n(&c->lblk, __ATOMIC_RELAXED) != NULL;
+#else
+  (void)c;
+  return 1;
+#endif
+}
+
 /* Where key is remembered (a multiplicative hash: block addresses share their low bits). */
 static inline gpumem__tc_own *gpumem__tc_own_of(gpumem__tc *c, uintptr_t key) {
   return &c->own[(key * 0x9E3779B97F4A7C15u) >> (64 - GPUMEM__TC_OWN_LOG)];
@@ -261,7 +283,8 @@ static inline int gpumem__tc_fits(const gpumem__tc *c, unsigned k, size_t bsize)
 /* 1 and *out set: served from this thread's cache (the block freed last in rsize's class, when it
  * is not smaller than rsize: then it is at most 12.5 % larger). 0: nothing changed, take the full path. -1: the cache is keyed to these
  * arguments and stays locked: gpumem__tc_near_hit looks further (out of line, so that this path
- * makes no call and saves no register). Runs before any argument check: a cache serves only the
+ * makes no call and saves no register). -2: the request is above GPUMEM__TC_MAX_SIZE and the cache's
+ * large slot may hold a block (the cache not locked): gpumem__tc_large_hit looks there. Runs before any argument check: a cache serves only the
  * (ctx, dev, stream) it is keyed to, which were valid when it was keyed. A NULL ctx matches only a
  * detached cache, whose bins are empty; a size of 0 finds no block (every block has 256 bytes or
  * more); a forked child and monitoring (ctx->mon) detach the caches (tcache.c, trace.c). */
@@ -269,7 +292,7 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
                                                                        gpumem_stream stream, const char *tag,
                                                                        void **out) {
   gpumem__tc *c = gpumem__tls_tc;
-  if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return 0;
+  if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return gpumem__tc_large_held(c) ? -2 : 0; /* alloc_large (context.c) */
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
   if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream)) {
     /* (from here on the call's ctx, dev and stream are the cache's: alloc_near in context.c reads them there) */
@@ -301,6 +324,11 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
  * but only the full path may take it (the allocated peak moves: gpumem__tc_alloc). Either way the
  * cache is unlocked. */
 int gpumem__tc_near_hit(size_t size, const char *tag, void **out);
+
+/* After gpumem__tc_fast_alloc returned -2 (a request above GPUMEM__TC_MAX_SIZE; the cache is not
+ * locked): 1 and *out set when the calling thread's cache, keyed to (ctx, dev, stream), holds a block
+ * of exactly the request's rounded size in its large slot; else 0, nothing changed. */
+int gpumem__tc_large_hit(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream, const char *tag, void **out);
 
 /* 1: a block this cache remembers, freed into it. 0: nothing changed, take the full path. -1: the
  * cache is keyed to this call's ctx and stream and remembers ptr, but cannot take it (its class is

@@ -71,20 +71,21 @@ void gpumem__check_threshold(gpumem__pool *p) {
 }
 
 /* After growing, and at every tick of the watcher (share.c): if the device's free memory is below
- * trim_free_fraction of total, give back free segments. */
-void gpumem__check_free_fraction(gpumem__pool *p) {
+ * trim_free_fraction of total, give back free segments. Returns 1 when it was below. */
+int gpumem__check_free_fraction(gpumem__pool *p) {
   gpumem__share_call(p, p->share, p->watching, cached_bytes(p)); /* holding memory: the watcher runs (share.c) */
   double frac = p->ctx->opt.trim_free_fraction;
-  if (frac <= 0.0 || p->graph || gpumem__capturing(p->ctx)) return;
+  if (frac <= 0.0 || p->graph || gpumem__capturing(p->ctx)) return 0;
   uint64_t fr = 0, tot = 0;
-  if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return;
-  if ((double)fr >= frac * (double)tot) return;
+  if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return 0;
+  if ((double)fr >= frac * (double)tot) return 0;
   uint64_t rel = 0;
   /* memory pressure, as in the out-of-memory path: wait for the device so
    * that blocks freed on any stream count as free, then give them back */
   gpumem__sync_all(p);
   (void)gpumem__release_empty(p, 0, &rel);
   gpumem__count_trim(p, rel, "low device memory");
+  return 1;
 }
 
 gpumem_status gpumem__pool_trim(gpumem__pool *p, uint64_t keep, uint64_t *released) {
