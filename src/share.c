@@ -303,6 +303,7 @@ static void answer(gpumem__pshare *ps, uint32_t seq) {
   if (ctx->tc_on) (void)gpumem__tc_flush(ctx, p, 0); /* blocks in thread caches are live for the pool */
   gpumem__mutex_lock(&p->lock);
   guard_ctx(p, NULL, 0, 1);
+  if (p->vm != NULL) gpumem__vm_pressure(p->vm); /* a neighbour is short: keep every idle granule releasable */
   uint64_t cached = cached_bytes(p), rel = 0;
   uint64_t keep = cached > bytes ? cached - bytes : 0;
   if (cached > keep) {
