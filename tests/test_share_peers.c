@@ -1,7 +1,8 @@
 /*
  * test_share_peers: shared GPUs (src/share.c) with several processes on shared simulated devices
  * (GPUMEM_SIM_SHARED): an idle holder gives its cache to a process that needs it; a holder of
- * live blocks is asked and the request is refused once it has answered; a killed holder is
+ * live blocks is asked and the request is refused once it has answered; a holder whose cached
+ * memory cannot be given at once is asked again until share_wait_ms; a killed holder is
  * cleaned and its memory comes back; an idle process's watcher gives its cache back when another
  * program fills the device (no call of its own); sharing off is the control; eight processes
  * with random bursts whose total live memory stays within the capacity (at most 704 MiB live of 1 GiB).
@@ -85,6 +86,35 @@ static int role_hold(int mib, int live) {
   char c;
   while (read(0, &c, 1) > 0) {
   }
+  gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
+  return 0;
+}
+
+/* stuck LIVE_MIB DELAY_MS: hold 6 MiB cached that cannot be given back (in an 8 MiB chunk beside a
+ * live 2 MiB block), 2 MiB more live, and LIVE_MIB live in 32 MiB blocks; say "ready"; at a byte on stdin, free the
+ * live blocks DELAY_MS later; wait for stdin to close. */
+static int role_stuck(int mib, int delay_ms) {
+  gpumem_context *ctx = role_ctx();
+  if (ctx == NULL) return 30;
+  void *x = NULL, *w = NULL, *z = NULL, *p[256];
+  if (gpumem_alloc(ctx, 0, 8 * MiB, NULL, &x) != GPUMEM_OK) return 31;
+  if (gpumem_alloc(ctx, 0, 2 * MiB, NULL, &w) != GPUMEM_OK) return 31; /* after x: x's rest stays 6 MiB */
+  (void)gpumem_free(ctx, x, NULL);
+  if (gpumem_alloc(ctx, 0, 2 * MiB, NULL, &z) != GPUMEM_OK) return 32; /* at x's start: one chunk with x's rest */
+  int n = 0;
+  for (int got = 0; got < mib && n < 256; got += 32)
+    if (gpumem_alloc(ctx, 0, 32 * MiB, NULL, &p[n++]) != GPUMEM_OK) return 33;
+  printf("ready\n");
+  fflush(stdout);
+  char c;
+  if (read(0, &c, 1) == 1) {
+    usleep((useconds_t)delay_ms * 1000u);
+    for (int i = 0; i < n; i++) (void)gpumem_free(ctx, p[i], NULL);
+  }
+  while (read(0, &c, 1) > 0) {
+  }
+  (void)gpumem_free(ctx, z, NULL);
+  (void)gpumem_free(ctx, w, NULL);
   gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
   return 0;
 }
@@ -395,6 +425,46 @@ static void test_pressure_without_growth(void **state) {
   assert_int_equal(finish(&a), 0);
 }
 
+/* A holder whose cached memory cannot be given at once (it lies in a chunk beside a live block): the
+ * request asks again, after pauses, until share_wait_ms has passed (bounded: refused then); when the
+ * holder frees its live blocks meanwhile, a later round gets their memory. */
+static void test_busy_holder_asked_again(void **state) {
+  (void)state;
+  SKIP_UNDER_VALGRIND();
+  char line[256];
+  child a = spawn((const char *const[]){"stuck", "760", "50", NULL},
+                  (const char *const[]){"GPUMEM_TRIM_FREE_FRACTION=0", NULL});
+  expect_line(&a, "ready", line, sizeof line);
+  gpumem_context *ctx = parent_ctx(NULL, 300);
+  void *p = (void *)0x1;
+  double t0 = now_s();
+  assert_int_equal(gpumem_alloc(ctx, 0, 512 * MiB, NULL, &p), GPUMEM_ERR_OUT_OF_MEMORY);
+  double dt = now_s() - t0;
+  assert_true(p == (void *)0x1);
+  print_message("busy holder: refused after %.1f ms (share_wait_ms 300)\n", dt * 1e3);
+  assert_true(dt >= 0.29 && dt < 30.0); /* the holder kept cached memory: asked until the wait was over */
+  assert_int_equal(stats(ctx).num_share_asks, 1);
+  assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
+  ctx = parent_ctx(NULL, 60000);
+  assert_int_equal(write(a.in, "g", 1), 1); /* the holder frees its live blocks 50 ms from now */
+  t0 = now_s();
+  assert_int_equal(gpumem_alloc(ctx, 0, 512 * MiB, NULL, &p), GPUMEM_OK);
+  print_message("busy holder: 512 MiB after %.1f ms\n", (now_s() - t0) * 1e3);
+  gpumem_share_member m[8];
+  m[0].struct_size = sizeof m[0];
+  size_t n = 0;
+  assert_int_equal(gpumem_share_members(ctx, 0, m, 8, &n), GPUMEM_OK);
+  for (size_t i = 0; i < n; i++)
+    if (!m[i].self) {
+      print_message("busy holder: asked %llu times, gave %llu bytes\n", (unsigned long long)m[i].was_asked,
+                    (unsigned long long)m[i].given_bytes);
+      assert_true(m[i].was_asked >= 2 && m[i].given_bytes >= 256 * MiB);
+    }
+  assert_int_equal(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
+  assert_int_equal(finish(&a), 0);
+}
+
 /* The control: with sharing off the idle holder's cache stays where it is. */
 static void test_sharing_off(void **state) {
   (void)state;
@@ -474,6 +544,7 @@ int main(int argc, char **argv) {
   g_self = argv[0];
   if (argc >= 3 && strcmp(argv[1], "--role") == 0) {
     if (strcmp(argv[2], "hold") == 0 && argc >= 5) return role_hold(atoi(argv[3]), atoi(argv[4]));
+    if (strcmp(argv[2], "stuck") == 0 && argc >= 5) return role_stuck(atoi(argv[3]), atoi(argv[4]));
     if (strcmp(argv[2], "burst") == 0 && argc >= 6)
       return role_burst((unsigned)atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     return 2;
@@ -483,6 +554,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_live_holder_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_killed_holder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pressure_without_growth, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_busy_holder_asked_again, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sharing_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bursts, setup, teardown),
   };
