@@ -367,6 +367,22 @@ static void *watcher(void *arg) {
          * process-wide one) leaves no unjoined thread behind. A start or a stop under way holds
          * jlock and joins this thread instead. */
         if (pthread_mutex_trylock(&ps->jlock) == 0) {
+          /* A free between the tick and here found no watcher and could not start one (this thread
+           * held jlock, or was still running): with cached memory again, it goes on listening. */
+          gpumem__mutex_lock(&p->lock);
+          int again = !atomic_load_explicit(&ps->stop, memory_order_acquire) && !p->watching && cached_bytes(p) > 0 &&
+                      ps->thr_made && pthread_equal(ps->thr, pthread_self());
+          if (again) {
+            p->watching = 1;
+            if (ps->L != NULL) atomic_store_explicit(&ps->L->slots[ps->slot].listening, 1, memory_order_release);
+            publish(ps);
+          }
+          gpumem__mutex_unlock(&p->lock);
+          if (again) {
+            gpumem__mutex_unlock(&ps->jlock);
+            next = now_ms() + interval;
+            continue;
+          }
           if (ps->thr_made && pthread_equal(ps->thr, pthread_self())) {
             (void)pthread_detach(ps->thr);
             ps->thr_made = 0;
