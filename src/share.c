@@ -643,7 +643,7 @@ int gpumem__share_ask(gpumem__pool *p, gpumem__pshare *ps, size_t rsize, gpumem_
   if (ps == NULL || ps->L == NULL || gpumem__capturing(p->ctx)) return 0;
   gpumem_context *ctx = p->ctx;
   uint64_t t0 = now_ms();
-  if (r->rounds == 0) r->deadline_ms = t0 + ctx->opt.share_wait_ms;
+  if (r->deadline_ms == 0) r->deadline_ms = t0 + ctx->opt.share_wait_ms;
   if (t0 >= r->deadline_ms) return 0;
   uint64_t fr = 0, tot = 0;
   if (gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) != GPUMEM_OK) fr = 0;
@@ -652,34 +652,44 @@ int gpumem__share_ask(gpumem__pool *p, gpumem__pshare *ps, size_t rsize, gpumem_
   uint64_t given = 0;
   size_t answered = 0;
   int n = ask_ledger(ps->L, ps->slot, lack, r->deadline_ms, &given, &answered);
-  if (n == 0) return 0;
-  if (r->rounds++ == 0) { /* (an allocation that asked, however many rounds it took) */
-    gpumem__mutex_lock(&p->lock);
-    p->st.num_share_asks++;
-    publish(ps);
-    gpumem__mutex_unlock(&p->lock);
+  if (n > 0) {
+    if (r->rounds++ == 0) { /* (an allocation that asked, however many rounds it took) */
+      gpumem__mutex_lock(&p->lock);
+      p->st.num_share_asks++;
+      publish(ps);
+      gpumem__mutex_unlock(&p->lock);
+    }
+    LOG(p, GPUMEM_LOG_INFO,
+        "device %d: asked %d member(s) of the shared group \"%s\" for %llu bytes (round %u): %zu answered in %llu ms, "
+        "%llu bytes given back", p->device, n, ps->group, (unsigned long long)lack, r->rounds, answered,
+        (unsigned long long)(now_ms() - t0), (unsigned long long)given);
   }
-  LOG(p, GPUMEM_LOG_INFO,
-      "device %d: asked %d member(s) of the shared group \"%s\" for %llu bytes (round %u): %zu answered in %llu ms, "
-      "%llu bytes given back", p->device, n, ps->group, (unsigned long long)lack, r->rounds, answered,
-      (unsigned long long)(now_ms() - t0), (unsigned long long)given);
   if (given > 0) {
     r->pause_ms = 0;
     return 1;
   }
-  /* nothing given, but memory may have come back meanwhile (a member's own trim, one that left): retry
-   * when the device now has room */
-  if (gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) == GPUMEM_OK && fr >= want) return 1;
+  /* Nothing given, but memory may have come back meanwhile (a member's own trim, one that left while
+   * this allocation failed): retry when the device now has room; with nobody to ask, once. */
+  int room = gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) == GPUMEM_OK && fr >= want;
+  if (n == 0) {
+    if (!room || r->pause_ms != 0) return 0;
+    r->pause_ms = 1;
+    return 1;
+  }
   /* Members that answered and still hold cached memory: it was in use when they answered (their own
    * allocations took it, or its stream work was pending) or lies in a chunk beside a live block.
    * Processes that free in bursts give it back moments later: ask again after a pause that doubles
    * each time, until the deadline. A group whose members hold no cached memory is refused now. */
-  if (others_cached(ps->L, ps->slot) == 0) return 0;
+  if (!room && others_cached(ps->L, ps->slot) == 0) return 0;
   uint64_t now = now_ms();
   if (now >= r->deadline_ms) return 0;
-  r->pause_ms = r->pause_ms == 0 ? 1 : r->pause_ms * 2;
-  if (r->pause_ms > LED_SLICE_MS) r->pause_ms = LED_SLICE_MS;
-  uint64_t w = r->deadline_ms - now < r->pause_ms ? r->deadline_ms - now : r->pause_ms;
+  if (room && r->pause_ms == 0) { /* the first retry for room comes at once */
+    r->pause_ms = 1;
+    return 1;
+  }
+  uint64_t pause = r->pause_ms == 0 ? 1 : r->pause_ms;
+  r->pause_ms = pause * 2 > LED_SLICE_MS ? LED_SLICE_MS : (uint32_t)pause * 2;
+  uint64_t w = r->deadline_ms - now < pause ? r->deadline_ms - now : pause;
   struct timespec ts = {0, (long)w * 1000000L};
   nanosleep(&ts, NULL);
   return 1;
