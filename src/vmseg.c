@@ -31,7 +31,10 @@
 /* After the device ran short of memory (gpumem__vm_pressure), new chunks are one granule each for
  * this long: every granule that goes idle can then be given back at once, which a chunk that
  * still holds a live block elsewhere does not allow. Renewed by every new sign of pressure; once
- * it has passed, chunks grow to CHUNK_MAX_BYTES again (figures: docs/SHARED-GPUS.md). */
+ * it has passed, chunks grow to CHUNK_MAX_BYTES again. The cost is driver calls (one create and
+ * one map per granule) while it lasts. 10 s is not tuned: it spans the bursts of processes that
+ * share a device, and a single process that saw one moment of pressure soon maps 8 MiB chunks
+ * again (the burst figures: docs/SHARED-GPUS.md). */
 #define FINE_NS ((uint64_t)10 * 1000000000u)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16

@@ -5,7 +5,7 @@
  * memory cannot be given at once is asked again until share_wait_ms; a killed holder is
  * cleaned and its memory comes back; an idle process's watcher gives its cache back when another
  * program fills the device (no call of its own); sharing off is the control; eight processes
- * with random bursts whose total live memory stays within the capacity (at most 704 MiB live of 1 GiB).
+ * with random bursts whose total live memory stays within the capacity (at most 960 MiB live of 1 GiB).
  *
  * Every case names its own simulated machine (GPUMEM_SIM_SHARED=t<pid>-<case>), so its ledger and
  * device accounting are its own, and removes both at the end. The holders are this program
@@ -490,8 +490,10 @@ static void test_sharing_off(void **state) {
   assert_int_equal(finish(&a), 0);
 }
 
-/* Eight processes, random bursts, total live within the capacity: failures with sharing on and off. */
-static unsigned long bursts(const char *share) {
+/* Eight processes, random bursts, total live within the capacity: failures with sharing on and off.
+ * At most 960 MiB live of 1 GiB: 0 failures in 100 runs; at the full 1024 MiB, 1 run in 100 had one
+ * (docs/SHARED-GPUS.md). */
+static unsigned long bursts(const char *share, const char *limit_mib) {
   char bname[96];
   snprintf(bname, sizeof bname, "/%s-budget", g_name);
   int fd = shm_open(bname, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -508,7 +510,7 @@ static unsigned long bursts(const char *share) {
   char seeds[8][16];
   for (int i = 0; i < 8; i++) {
     snprintf(seeds[i], sizeof seeds[i], "%d", 1234 + 77 * i);
-    c[i] = spawn((const char *const[]){"burst", seeds[i], "150", "704", NULL},
+    c[i] = spawn((const char *const[]){"burst", seeds[i], "150", limit_mib, NULL},
                  (const char *const[]){env_share, NULL});
   }
   usleep(100000);
@@ -523,7 +525,8 @@ static unsigned long bursts(const char *share) {
     allocs += a;
     assert_int_equal(finish(&c[i]), 0);
   }
-  print_message("8 processes, sharing %s: %lu of %lu allocations failed\n", share, failures, allocs);
+  print_message("8 processes, sharing %s, at most %s MiB live: %lu of %lu allocations failed\n", share, limit_mib,
+                failures, allocs);
   munmap(B, sizeof *B);
   return failures;
 }
@@ -533,8 +536,10 @@ static void test_bursts(void **state) {
   SKIP_UNDER_VALGRIND();
   gpumem_context *ctx = parent_ctx(NULL, 0); /* (for the ledger's name at the end) */
   assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
-  unsigned long on = bursts("user");
-  unsigned long off = bursts("off");
+  /* GPUMEM_TEST_BURST_MIB: another budget (to measure it in a loop: docs/SHARED-GPUS.md) */
+  const char *limit = getenv("GPUMEM_TEST_BURST_MIB") != NULL ? getenv("GPUMEM_TEST_BURST_MIB") : "960";
+  unsigned long on = bursts("user", limit);
+  unsigned long off = bursts("off", limit);
   print_message("bursts: %lu failures with sharing on, %lu with sharing off\n", on, off);
   assert_int_equal(on, 0);
   assert_true(off > 0);
