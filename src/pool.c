@@ -192,7 +192,8 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
   int rcls = rsize <= GPUMEM__SMALL_MAX ? CLS_SMALL : CLS_LARGE;
   gpumem_context *ctx = p->ctx;
 
-  int asks = 0; /* rounds of asking the shared group for memory (share.c): again while each brings some */
+  gpumem__share_round asks; /* asking the shared group for memory (share.c): set up at the first round */
+  int asking = 1;           /* 1: not yet asked; 2: asking; 0: no more */
   for (int attempt = 0;; attempt++) {
     gpumem_status st;
     gpumem__block *b = NULL;
@@ -268,12 +269,13 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
           p->device, size, (unsigned long long)limit);
       return st;
     }
-    if (st == GPUMEM_ERR_OUT_OF_MEMORY && attempt == 0 && asks < GPUMEM__SHARE_ROUNDS && p->share != NULL) {
+    if (st == GPUMEM_ERR_OUT_OF_MEMORY && attempt == 0 && asking && p->share != NULL) {
       /* before the callback: the other members of the shared group give back cached memory (share.c);
-       * another process may take it first, so a round that brought memory may be followed by another */
+       * another process may take it first, so a round may be followed by another (share_wait_ms in all) */
       gpumem__mutex_unlock(&p->lock);
-      asks = gpumem__share_ask(p, p->share, rsize) ? asks + 1 : GPUMEM__SHARE_ROUNDS;
-      if (asks < GPUMEM__SHARE_ROUNDS) {
+      if (asking == 1) memset(&asks, 0, sizeof asks);
+      asking = gpumem__share_ask(p, p->share, rsize, &asks) ? 2 : 0;
+      if (asking) {
         attempt = -1; /* a fresh first attempt */
         continue;
       }

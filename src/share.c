@@ -22,8 +22,14 @@
  * a neighbour fills the device, and publishes its figures.
  *
  * Requests. An allocation that failed after the pool's own trim asks every listening member
- * of its group on the GPU for the bytes the device lacks, waits until each has answered, died,
- * stopped listening or share_wait_ms has passed, and retries if memory came back.
+ * of its group on the GPU for the bytes the device lacks, waits until each has answered, died or
+ * stopped listening, and retries if memory came back. Another process may take that memory
+ * first, and a member may answer with nothing while it still holds cached memory (its own
+ * allocations took what was free, its frees were still pending, or the memory lies in a chunk
+ * beside a live block): then the allocation asks again, after a pause that doubles from 1 ms
+ * (at most LED_SLICE_MS). All rounds of one allocation together last at most share_wait_ms; a
+ * round after which no member holds cached memory ends it at once. A member whose pool is
+ * being destroyed is waited for until its entry goes (its memory is on its way back).
  *
  * Dead members. An entry whose process is gone (kill(pid, 0) fails with ESRCH, or the pid now
  * names a process started at another time) is cleared by whoever meets it: nothing waits on
@@ -303,6 +309,7 @@ static void answer(gpumem__pshare *ps, uint32_t seq) {
   if (ctx->tc_on) (void)gpumem__tc_flush(ctx, p, 0); /* blocks in thread caches are live for the pool */
   gpumem__mutex_lock(&p->lock);
   guard_ctx(p, NULL, 0, 1);
+  if (p->vm != NULL) gpumem__vm_pressure(p->vm); /* a neighbour is short: keep every idle granule releasable */
   uint64_t cached = cached_bytes(p), rel = 0;
   uint64_t keep = cached > bytes ? cached - bytes : 0;
   if (cached > keep) {
@@ -369,6 +376,22 @@ static void *watcher(void *arg) {
          * process-wide one) leaves no unjoined thread behind. A start or a stop under way holds
          * jlock and joins this thread instead. */
         if (pthread_mutex_trylock(&ps->jlock) == 0) {
+          /* A free between the tick and here found no watcher and could not start one (this thread
+           * held jlock, or was still running): with cached memory again, it goes on listening. */
+          gpumem__mutex_lock(&p->lock);
+          int again = !atomic_load_explicit(&ps->stop, memory_order_acquire) && !p->watching && cached_bytes(p) > 0 &&
+                      ps->thr_made && pthread_equal(ps->thr, pthread_self());
+          if (again) {
+            p->watching = 1;
+            if (ps->L != NULL) atomic_store_explicit(&ps->L->slots[ps->slot].listening, 1, memory_order_release);
+            publish(ps);
+          }
+          gpumem__mutex_unlock(&p->lock);
+          if (again) {
+            gpumem__mutex_unlock(&ps->jlock);
+            next = now_ms() + interval;
+            continue;
+          }
           if (ps->thr_made && pthread_equal(ps->thr, pthread_self())) {
             (void)pthread_detach(ps->thr);
             ps->thr_made = 0;
@@ -581,18 +604,20 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
         left--;
         continue;
       }
+      uint32_t lis = atomic_load(&s->listening);
+      if (!t[k].leaving && lis == 2 && atomic_load(&s->reserved) > 0) {
+        /* its pool is being destroyed (its stop also marks the request answered, with nothing given):
+         * its memory comes back when the entry goes */
+        t[k].leaving = 1;
+        t[k].held = atomic_load(&s->reserved);
+        continue;
+      }
       if (!t[k].leaving && seq_reached(a, t[k].seq)) {
         uint64_t g = atomic_load(&s->given);
         *given = sat_add(*given, g >= t[k].given0 ? g - t[k].given0 : 0);
         (*answered)++;
         t[k].done = 1;
         left--;
-        continue;
-      }
-      uint32_t lis = atomic_load(&s->listening);
-      if (!t[k].leaving && lis == 2) {
-        t[k].leaving = 1; /* its pool is being destroyed: its memory comes back when the entry goes */
-        t[k].held = atomic_load(&s->reserved);
         continue;
       }
       if (!t[k].leaving && lis != 1) {
@@ -610,29 +635,73 @@ static int ask_ledger(led *L, int self, uint64_t bytes, uint64_t deadline, uint6
   return n;
 }
 
-int gpumem__share_ask(gpumem__pool *p, gpumem__pshare *ps, size_t rsize) {
+/* Cached bytes the listening members of L but `self` published (after their answers: what they kept). */
+static uint64_t others_cached(led *L, int self) {
+  uint64_t c = 0;
+  for (int i = 0; i < LED_SLOTS; i++) {
+    if (i == self || slot_live(L, i) == 0) continue;
+    led_slot *s = &L->slots[i];
+    uint32_t lis = atomic_load_explicit(&s->listening, memory_order_acquire);
+    /* (a member being destroyed gives everything back: its reserved bytes) */
+    if (lis == 1 || lis == 2) c = sat_add(c, atomic_load(lis == 1 ? &s->cached : &s->reserved));
+  }
+  return c;
+}
+
+int gpumem__share_ask(gpumem__pool *p, gpumem__pshare *ps, size_t rsize, gpumem__share_round *r) {
   if (ps == NULL || ps->L == NULL || gpumem__capturing(p->ctx)) return 0;
   gpumem_context *ctx = p->ctx;
+  uint64_t t0 = now_ms();
+  if (r->deadline_ms == 0) r->deadline_ms = t0 + ctx->opt.share_wait_ms;
+  if (t0 >= r->deadline_ms) return 0;
   uint64_t fr = 0, tot = 0;
   if (gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) != GPUMEM_OK) fr = 0;
   uint64_t want = ((uint64_t)rsize + GPUMEM__LARGE_ROUND - 1) & ~(uint64_t)(GPUMEM__LARGE_ROUND - 1);
   uint64_t lack = want > fr ? want - fr : want; /* free but fragmented, or taken meanwhile: ask for all of it */
-  uint64_t t0 = now_ms(), given = 0;
+  uint64_t given = 0;
   size_t answered = 0;
-  int n = ask_ledger(ps->L, ps->slot, lack, t0 + ctx->opt.share_wait_ms, &given, &answered);
-  if (n == 0) return 0;
-  gpumem__mutex_lock(&p->lock);
-  p->st.num_share_asks++;
-  publish(ps);
-  gpumem__mutex_unlock(&p->lock);
-  LOG(p, GPUMEM_LOG_INFO,
-      "device %d: asked %d member(s) of the shared group \"%s\" for %llu bytes: %zu answered in %llu ms, %llu bytes "
-      "given back", p->device, n, ps->group, (unsigned long long)lack, answered,
-      (unsigned long long)(now_ms() - t0), (unsigned long long)given);
-  if (given > 0) return 1;
-  /* nothing given, but memory may have come back meanwhile (a member's own trim, one that left): retry
-   * when the device now has room */
-  return gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) == GPUMEM_OK && fr >= want;
+  int n = ask_ledger(ps->L, ps->slot, lack, r->deadline_ms, &given, &answered);
+  if (n > 0) {
+    if (r->rounds++ == 0) { /* (an allocation that asked, however many rounds it took) */
+      gpumem__mutex_lock(&p->lock);
+      p->st.num_share_asks++;
+      publish(ps);
+      gpumem__mutex_unlock(&p->lock);
+    }
+    LOG(p, GPUMEM_LOG_INFO,
+        "device %d: asked %d member(s) of the shared group \"%s\" for %llu bytes (round %u): %zu answered in %llu ms, "
+        "%llu bytes given back", p->device, n, ps->group, (unsigned long long)lack, r->rounds, answered,
+        (unsigned long long)(now_ms() - t0), (unsigned long long)given);
+  }
+  if (given > 0) {
+    r->pause_ms = 0;
+    return 1;
+  }
+  /* Nothing given, but memory may have come back meanwhile (a member's own trim, one that left while
+   * this allocation failed): retry when the device now has room; with nobody to ask, once. */
+  int room = gpumem__be_mem_get_info(ctx, p->device, &fr, &tot) == GPUMEM_OK && fr >= want;
+  if (n == 0) {
+    if (!room || r->pause_ms != 0) return 0;
+    r->pause_ms = 1;
+    return 1;
+  }
+  /* Members that answered and still hold cached memory: it was in use when they answered (their own
+   * allocations took it, or its stream work was pending) or lies in a chunk beside a live block.
+   * Processes that free in bursts give it back moments later: ask again after a pause that doubles
+   * each time, until the deadline. A group whose members hold no cached memory is refused now. */
+  if (!room && others_cached(ps->L, ps->slot) == 0) return 0;
+  uint64_t now = now_ms();
+  if (now >= r->deadline_ms) return 0;
+  if (room && r->pause_ms == 0) { /* the first retry for room comes at once */
+    r->pause_ms = 1;
+    return 1;
+  }
+  uint64_t pause = r->pause_ms == 0 ? 1 : r->pause_ms;
+  r->pause_ms = pause * 2 > LED_SLICE_MS ? LED_SLICE_MS : (uint32_t)pause * 2;
+  uint64_t w = r->deadline_ms - now < pause ? r->deadline_ms - now : pause;
+  struct timespec ts = {0, (long)w * 1000000L};
+  nanosleep(&ts, NULL);
+  return 1;
 }
 
 void gpumem__share_describe(gpumem__pshare *ps, char *buf, size_t cap) {

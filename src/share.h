@@ -31,12 +31,19 @@ static inline void gpumem__share_call(gpumem__pool *p, struct gpumem__pshare *ps
   else gpumem__share_figures(p, ps);
 }
 
-/** Rounds of asking per allocation, at most (each must bring memory back for the next). */
-#define GPUMEM__SHARE_ROUNDS 8
+/** An allocation's rounds of asking the shared group (gpumem__share_ask keeps it; zero it before the first). */
+typedef struct gpumem__share_round {
+  uint64_t deadline_ms; /* CLOCK_MONOTONIC: the first round's start + share_wait_ms (0 before it) */
+  uint32_t pause_ms;    /* the pause before the next round when members kept memory they could not give yet */
+  uint32_t rounds;
+} gpumem__share_round;
 /** No lock held: an allocation of rsize bytes failed after the pool's own trim. Asks the other members
- *  of the group for what the device lacks and waits (share_wait_ms at most, less once all answered).
- *  Returns 1 when members gave memory back (retry), 0 otherwise. */
-int gpumem__share_ask(gpumem__pool *p, struct gpumem__pshare *ps, size_t rsize);
+ *  of the group for what the device lacks and waits for their answers; all rounds of one allocation
+ *  together last at most share_wait_ms. Returns 1 to retry the allocation (members gave memory back,
+ *  the device has room now, or members still hold cached memory they could not give at once: then
+ *  after a short pause), 0 when nothing can come (every member answered and none holds cached
+ *  memory, or the time is up). */
+int gpumem__share_ask(gpumem__pool *p, struct gpumem__pshare *ps, size_t rsize, gpumem__share_round *r);
 /** What the other members hold, for the out-of-memory report: "" when the pool shares nothing. */
 void gpumem__share_describe(struct gpumem__pshare *ps, char *buf, size_t cap);
 

@@ -79,6 +79,7 @@ int gpumem__check_free_fraction(gpumem__pool *p) {
   uint64_t fr = 0, tot = 0;
   if (gpumem__be_mem_get_info(p->ctx, p->device, &fr, &tot) != GPUMEM_OK) return 0;
   if ((double)fr >= frac * (double)tot) return 0;
+  if (p->vm != NULL) gpumem__vm_pressure(p->vm); /* from now on, chunks that can go back granule by granule */
   uint64_t rel = 0;
   /* memory pressure, as in the out-of-memory path: wait for the device so
    * that blocks freed on any stream count as free, then give them back */

@@ -14,6 +14,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NIL GPUMEM__VM_NIL
 /* the default size of a space, in multiples of the device total */
@@ -27,6 +28,14 @@
  * calls and slightly higher peaks; 8 MiB keeps held/live under 1.02 on the
  * recorded traces with about a quarter of the calls of 2 MiB chunks. */
 #define CHUNK_MAX_BYTES ((size_t)8 << 20)
+/* After the device ran short of memory (gpumem__vm_pressure), new chunks are one granule each for
+ * this long: every granule that goes idle can then be given back at once, which a chunk that
+ * still holds a live block elsewhere does not allow. Renewed by every new sign of pressure; once
+ * it has passed, chunks grow to CHUNK_MAX_BYTES again. The cost is driver calls (one create and
+ * one map per granule) while it lasts. 10 s is not tuned: it spans the bursts of processes that
+ * share a device, and a single process that saw one moment of pressure soon maps 8 MiB chunks
+ * again (the burst figures: docs/SHARED-GPUS.md). */
+#define FINE_NS ((uint64_t)10 * 1000000000u)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16
 /* Moves of idle chunks after which the allowance above the live peak grows (see fill). A workload whose steady state keeps moving chunks (each move is an unmap and a map,
@@ -68,6 +77,7 @@ struct gpumem__vmpool {
   size_t spare_gran;
   uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
   uint32_t moves;          /* idle-chunk moves since the allowance last grew */
+  uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
 };
@@ -127,6 +137,23 @@ size_t gpumem__vm_granularity(const gpumem__vmpool *vp) { return vp->gran; }
 size_t gpumem__vm_available(const gpumem__vmpool *vp) { return vp->nidle + vp->spare_gran; }
 
 uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp) { return (uint64_t)vp->spare_gran * vp->gran; }
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void gpumem__vm_pressure(gpumem__vmpool *vp) { vp->fine_until = mono_ns() + FINE_NS; }
+
+/* The largest new chunk now, in granules: one while pressure lasts (FINE_NS). Read only where a
+ * chunk is about to be created (a backend call follows). */
+static uint32_t chunk_limit(gpumem__vmpool *vp) {
+  if (vp->fine_until == 0) return vp->chunk_max;
+  if (mono_ns() < vp->fine_until) return 1;
+  vp->fine_until = 0;
+  return vp->chunk_max;
+}
 
 static void held_add(gpumem__vmpool *vp, uint32_t len) {
   vp->st->reserved_bytes += (uint64_t)len * vp->gran;
@@ -312,8 +339,12 @@ static gpumem_status shrink(gpumem__vmpool *vp, uint32_t i, uint32_t keep) {
   uint32_t start = vp->ch[i].start;
   gpumem_status st = give_back(vp, i);
   if (st != GPUMEM_OK || keep == 0) return st;
-  if (map_new(vs, start, keep) != GPUMEM_OK)
-    LOG(vp, GPUMEM_LOG_DEBUG, "device %d: trim gave back %u granules more than asked", vp->dev, keep);
+  uint32_t step = chunk_limit(vp) == 1 ? 1 : keep; /* under pressure: granules that can go back one by one */
+  for (uint32_t g = 0; g < keep; g += step)
+    if (map_new(vs, start + g, step) != GPUMEM_OK) {
+      LOG(vp, GPUMEM_LOG_DEBUG, "device %d: trim gave back %u granules more than asked", vp->dev, keep - g);
+      break;
+    }
   return GPUMEM_OK;
 }
 
@@ -506,7 +537,10 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   }
   if (limit != 0 && vp->st->reserved_bytes + add > limit) return GPUMEM_ERR_LIMIT_EXCEEDED;
   gpumem_status st = map_new(vs, g, len);
-  if (st == GPUMEM_ERR_OUT_OF_MEMORY) gpumem__vm_allowance_reset(vp); /* the device is full: pack tightly */
+  if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
+    gpumem__vm_allowance_reset(vp); /* the device is full: pack tightly */
+    gpumem__vm_pressure(vp);
+  }
   if (st == GPUMEM_ERR_OUT_OF_MEMORY && vp->ihead != NIL) {
     /* the device is full (others took memory): give idle chunks back and try again */
     uint64_t freed = 0;
@@ -527,13 +561,15 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   size_t gs = vp->gran;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off / gs), last = (uint32_t)((off + size - 1) / gs);
+  uint32_t cmax = 0;
   while (g <= last) {
     if (vs->cid[g] != NIL) {
       g++;
       continue;
     }
-    uint32_t e = g; /* a run of unmapped granules, at most chunk_max long */
-    while (e <= last && vs->cid[e] == NIL && e - g < vp->chunk_max) e++;
+    if (cmax == 0) cmax = chunk_limit(vp);
+    uint32_t e = g; /* a run of unmapped granules, at most cmax long */
+    while (e <= last && vs->cid[e] == NIL && e - g < cmax) e++;
     gpumem_status st = fill(vs, g, e - g, limit);
     if (st != GPUMEM_OK) return st;
     g = e;

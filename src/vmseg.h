@@ -7,8 +7,9 @@
  * splitting and coalescing; this module only knows address ranges. Physical
  * memory backs the granules of a space (the backend's granularity: 2 MiB on
  * CUDA and sim) on demand, in chunks: one vm_create of one or more granules
- * (at most CHUNK_MAX_BYTES, vmseg.c), mapped over a run of granules with one
- * vm_map and unmapped as a whole.
+ * (at most CHUNK_MAX_BYTES, vmseg.c; one granule for a while after the
+ * device ran short of memory, gpumem__vm_pressure), mapped over a run of
+ * granules with one vm_map and unmapped as a whole.
  *
  *   busy[g]  bytes of granule g covered by blocks that are live, or free but
  *            not READY (freed on a stream whose work may still touch them).
@@ -49,6 +50,14 @@ gpumem_status gpumem__be_vm_destroy(gpumem_context *ctx, int dev, gpumem_phys_ha
 gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t size, gpumem_phys_handle h);
 gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size);
 
+/**
+ * The device is short of memory (this pool ran out of it, a member of its
+ * shared group asked for memory, or free memory fell below
+ * trim_free_fraction): for a while (FINE_NS, vmseg.c) new chunks are one
+ * granule each, so that every granule that goes idle can be given back
+ * while its neighbours stay live.
+ */
+void gpumem__vm_pressure(gpumem__vmpool *vp);
 /** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
 /**

@@ -441,12 +441,60 @@ static void test_vm_call_budget(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* After the device ran short of memory (the pool's own out of memory, or free memory below
+ * trim_free_fraction), new chunks are one granule each: a block freed beside a live one gives all its
+ * granules but the live one's back. Before, one chunk of 8 MiB holds them all while the live block
+ * stays. Returns what the device holds after that trim. */
+static uint64_t held_beside_live(int pressure) {
+  tu_setenv("GPUMEM_SIM_DEVICES", "64MiB");
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.trim_free_fraction = pressure == 2 ? 0.99 : 0.0; /* 2: every growth finds the device "low" */
+  gpumem_context *ctx = vm_ctx(&cfg);
+  void *big = NULL, *more = (void *)0x1, *b = NULL, *c = NULL;
+  if (pressure == 1) {
+    assert_status(gpumem_alloc(ctx, 0, 60 * TU_MiB, NULL, &big), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, 8 * TU_MiB, NULL, &more), GPUMEM_ERR_OUT_OF_MEMORY);
+    assert_true(more == (void *)0x1);
+    assert_status(gpumem_free(ctx, big, NULL), GPUMEM_OK);
+  } else if (pressure == 2) {
+    assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, NULL, &big), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, big, NULL), GPUMEM_OK);
+  }
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  assert_status(gpumem_alloc(ctx, 0, 8 * TU_MiB, NULL, &b), GPUMEM_OK); /* 4 granules */
+  assert_status(gpumem_free(ctx, b, NULL), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, NULL, &c), GPUMEM_OK); /* on b's first granule (mapped) */
+  assert_true(tu_sim_used(0) == 8 * TU_MiB);
+  tu_stamp(c, 2 * TU_MiB, 0xC);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  uint64_t held = tu_sim_used(0);
+  assert_true(tu_stamp_ok(c, 2 * TU_MiB, 0xC));
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, c, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  return held;
+}
+
+static void test_pressure_granule_chunks(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  uint64_t calm = held_beside_live(0), oom = held_beside_live(1), low = held_beside_live(2);
+  print_message("held beside a live 2 MiB block after trim: %llu MiB (no pressure), %llu (after out of memory), "
+                "%llu (after low free memory)\n", (unsigned long long)(calm / TU_MiB),
+                (unsigned long long)(oom / TU_MiB), (unsigned long long)(low / TU_MiB));
+  assert_true(calm == 8 * TU_MiB); /* one chunk: the single-process default (fewer backend calls) */
+  assert_true(oom == 2 * TU_MiB);
+  assert_true(low == 2 * TU_MiB);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
       TU_TEST(test_release_threshold_inside_segment), TU_TEST(test_no_unmap_while_pending),
       TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
-      TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget),
+      TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget), TU_TEST(test_pressure_granule_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,10 +1,11 @@
 /*
  * test_share_peers: shared GPUs (src/share.c) with several processes on shared simulated devices
  * (GPUMEM_SIM_SHARED): an idle holder gives its cache to a process that needs it; a holder of
- * live blocks is asked and the request is refused once it has answered; a killed holder is
+ * live blocks is asked and the request is refused once it has answered; a holder whose cached
+ * memory cannot be given at once is asked again until share_wait_ms; a killed holder is
  * cleaned and its memory comes back; an idle process's watcher gives its cache back when another
  * program fills the device (no call of its own); sharing off is the control; eight processes
- * with random bursts whose total live memory stays within the capacity (at most 704 MiB live of 1 GiB).
+ * with random bursts whose total live memory stays within the capacity (at most 960 MiB live of 1 GiB).
  *
  * Every case names its own simulated machine (GPUMEM_SIM_SHARED=t<pid>-<case>), so its ledger and
  * device accounting are its own, and removes both at the end. The holders are this program
@@ -85,6 +86,35 @@ static int role_hold(int mib, int live) {
   char c;
   while (read(0, &c, 1) > 0) {
   }
+  gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
+  return 0;
+}
+
+/* stuck LIVE_MIB DELAY_MS: hold 6 MiB cached that cannot be given back (in an 8 MiB chunk beside a
+ * live 2 MiB block), 2 MiB more live, and LIVE_MIB live in 32 MiB blocks; say "ready"; at a byte on stdin, free the
+ * live blocks DELAY_MS later; wait for stdin to close. */
+static int role_stuck(int mib, int delay_ms) {
+  gpumem_context *ctx = role_ctx();
+  if (ctx == NULL) return 30;
+  void *x = NULL, *w = NULL, *z = NULL, *p[256];
+  if (gpumem_alloc(ctx, 0, 8 * MiB, NULL, &x) != GPUMEM_OK) return 31;
+  if (gpumem_alloc(ctx, 0, 2 * MiB, NULL, &w) != GPUMEM_OK) return 31; /* after x: x's rest stays 6 MiB */
+  (void)gpumem_free(ctx, x, NULL);
+  if (gpumem_alloc(ctx, 0, 2 * MiB, NULL, &z) != GPUMEM_OK) return 32; /* at x's start: one chunk with x's rest */
+  int n = 0;
+  for (int got = 0; got < mib && n < 256; got += 32)
+    if (gpumem_alloc(ctx, 0, 32 * MiB, NULL, &p[n++]) != GPUMEM_OK) return 33;
+  printf("ready\n");
+  fflush(stdout);
+  char c;
+  if (read(0, &c, 1) == 1) {
+    usleep((useconds_t)delay_ms * 1000u);
+    for (int i = 0; i < n; i++) (void)gpumem_free(ctx, p[i], NULL);
+  }
+  while (read(0, &c, 1) > 0) {
+  }
+  (void)gpumem_free(ctx, z, NULL);
+  (void)gpumem_free(ctx, w, NULL);
   gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE);
   return 0;
 }
@@ -395,6 +425,46 @@ static void test_pressure_without_growth(void **state) {
   assert_int_equal(finish(&a), 0);
 }
 
+/* A holder whose cached memory cannot be given at once (it lies in a chunk beside a live block): the
+ * request asks again, after pauses, until share_wait_ms has passed (bounded: refused then); when the
+ * holder frees its live blocks meanwhile, a later round gets their memory. */
+static void test_busy_holder_asked_again(void **state) {
+  (void)state;
+  SKIP_UNDER_VALGRIND();
+  char line[256];
+  child a = spawn((const char *const[]){"stuck", "760", "50", NULL},
+                  (const char *const[]){"GPUMEM_TRIM_FREE_FRACTION=0", NULL});
+  expect_line(&a, "ready", line, sizeof line);
+  gpumem_context *ctx = parent_ctx(NULL, 300);
+  void *p = (void *)0x1;
+  double t0 = now_s();
+  assert_int_equal(gpumem_alloc(ctx, 0, 512 * MiB, NULL, &p), GPUMEM_ERR_OUT_OF_MEMORY);
+  double dt = now_s() - t0;
+  assert_true(p == (void *)0x1);
+  print_message("busy holder: refused after %.1f ms (share_wait_ms 300)\n", dt * 1e3);
+  assert_true(dt >= 0.29 && dt < 30.0); /* the holder kept cached memory: asked until the wait was over */
+  assert_int_equal(stats(ctx).num_share_asks, 1);
+  assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
+  ctx = parent_ctx(NULL, 60000);
+  assert_int_equal(write(a.in, "g", 1), 1); /* the holder frees its live blocks 50 ms from now */
+  t0 = now_s();
+  assert_int_equal(gpumem_alloc(ctx, 0, 512 * MiB, NULL, &p), GPUMEM_OK);
+  print_message("busy holder: 512 MiB after %.1f ms\n", (now_s() - t0) * 1e3);
+  gpumem_share_member m[8];
+  m[0].struct_size = sizeof m[0];
+  size_t n = 0;
+  assert_int_equal(gpumem_share_members(ctx, 0, m, 8, &n), GPUMEM_OK);
+  for (size_t i = 0; i < n; i++)
+    if (!m[i].self) {
+      print_message("busy holder: asked %llu times, gave %llu bytes\n", (unsigned long long)m[i].was_asked,
+                    (unsigned long long)m[i].given_bytes);
+      assert_true(m[i].was_asked >= 2 && m[i].given_bytes >= 256 * MiB);
+    }
+  assert_int_equal(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
+  assert_int_equal(finish(&a), 0);
+}
+
 /* The control: with sharing off the idle holder's cache stays where it is. */
 static void test_sharing_off(void **state) {
   (void)state;
@@ -420,8 +490,10 @@ static void test_sharing_off(void **state) {
   assert_int_equal(finish(&a), 0);
 }
 
-/* Eight processes, random bursts, total live within the capacity: failures with sharing on and off. */
-static unsigned long bursts(const char *share) {
+/* Eight processes, random bursts, total live within the capacity: failures with sharing on and off.
+ * At most 960 MiB live of 1 GiB: 0 failures in 100 runs; at the full 1024 MiB, 1 run in 100 had one
+ * (docs/SHARED-GPUS.md). */
+static unsigned long bursts(const char *share, const char *limit_mib) {
   char bname[96];
   snprintf(bname, sizeof bname, "/%s-budget", g_name);
   int fd = shm_open(bname, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -438,7 +510,7 @@ static unsigned long bursts(const char *share) {
   char seeds[8][16];
   for (int i = 0; i < 8; i++) {
     snprintf(seeds[i], sizeof seeds[i], "%d", 1234 + 77 * i);
-    c[i] = spawn((const char *const[]){"burst", seeds[i], "150", "704", NULL},
+    c[i] = spawn((const char *const[]){"burst", seeds[i], "150", limit_mib, NULL},
                  (const char *const[]){env_share, NULL});
   }
   usleep(100000);
@@ -453,7 +525,8 @@ static unsigned long bursts(const char *share) {
     allocs += a;
     assert_int_equal(finish(&c[i]), 0);
   }
-  print_message("8 processes, sharing %s: %lu of %lu allocations failed\n", share, failures, allocs);
+  print_message("8 processes, sharing %s, at most %s MiB live: %lu of %lu allocations failed\n", share, limit_mib,
+                failures, allocs);
   munmap(B, sizeof *B);
   return failures;
 }
@@ -463,8 +536,10 @@ static void test_bursts(void **state) {
   SKIP_UNDER_VALGRIND();
   gpumem_context *ctx = parent_ctx(NULL, 0); /* (for the ledger's name at the end) */
   assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
-  unsigned long on = bursts("user");
-  unsigned long off = bursts("off");
+  /* GPUMEM_TEST_BURST_MIB: another budget (to measure it in a loop: docs/SHARED-GPUS.md) */
+  const char *limit = getenv("GPUMEM_TEST_BURST_MIB") != NULL ? getenv("GPUMEM_TEST_BURST_MIB") : "960";
+  unsigned long on = bursts("user", limit);
+  unsigned long off = bursts("off", limit);
   print_message("bursts: %lu failures with sharing on, %lu with sharing off\n", on, off);
   assert_int_equal(on, 0);
   assert_true(off > 0);
@@ -474,6 +549,7 @@ int main(int argc, char **argv) {
   g_self = argv[0];
   if (argc >= 3 && strcmp(argv[1], "--role") == 0) {
     if (strcmp(argv[2], "hold") == 0 && argc >= 5) return role_hold(atoi(argv[3]), atoi(argv[4]));
+    if (strcmp(argv[2], "stuck") == 0 && argc >= 5) return role_stuck(atoi(argv[3]), atoi(argv[4]));
     if (strcmp(argv[2], "burst") == 0 && argc >= 6)
       return role_burst((unsigned)atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     return 2;
@@ -483,6 +559,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_live_holder_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_killed_holder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pressure_without_growth, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_busy_holder_asked_again, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sharing_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bursts, setup, teardown),
   };
