@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-share-out}
-BUILD=${BUILD:-build-gpu}
+BUILD=${BUILD:-build-gpu-share} # its own folder: it configures without tests, which would leave gpu-suite.sh's build-gpu with none
 GIB_A=${GIB_A:-83}
 GIB_B=${GIB_B:-83}
 BACKEND=${BACKEND:-cuda} # (sim with GPUMEM_SIM_SHARED=NAME GPUMEM_SIM_DEVICES=1x143GiB: the same run without a GPU)
