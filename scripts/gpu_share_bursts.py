@@ -59,7 +59,7 @@ def worker(cfg, seed, rounds, budget, live, lock, ready, go, out):
             return torch.empty(n, dtype=torch.uint8, device="cuda")
 
         def free(x):
-            del x
+            pass  # the caller drops the last reference
 
         sync = torch.cuda.synchronize
     else:
@@ -103,11 +103,12 @@ def worker(cfg, seed, rounds, budget, live, lock, ready, go, out):
         if rng.random() < 0.25:
             time.sleep(0.002)  # a burst that lasts a while
         sync()
-        for x, n in held:
+        while held:  # each block gone (its last reference dropped) before its size goes back to the budget
+            x, n = held.pop()
             free(x)
+            del x
             with lock:
                 live.value -= n
-        held = None
     out.put((allocs, fails, slowest))
 
 
