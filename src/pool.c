@@ -468,22 +468,24 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
   guard_ctx(p, stream, named, 0);
   /* (the owner may be in gpumem__pool_alloc, reading acct under this lock: it changes under it) */
   acct->lcached -= lbytes;
-  acct->room -= lbytes; /* (given back with every block's size below: the large block's was not in room) */
+  uint64_t back = 0; /* the blocks' sizes, but the large block's: it was not in room */
   for (size_t i = 0; i < n; i++) {
     gpumem__block *b = blocks[i];
-    acct->room += b->size;
+    back += b->size;
     /* the cache already counted this free: the pool's counters get it, the cache's deltas give it back */
     *d_req += (int64_t)b->requested;
     *d_live += 1;
-    *d_frees -= 1;
     free_locked(p, b, stream, named && i + 1 == n);
   }
+  acct->room += back - lbytes; /* (lbytes is one of the blocks' sizes, or 0) */
   uint64_t cached = gpumem__tc_acct_cached(acct);
   if (acct->headroom > cached) acct->headroom = cached;
   p->st.requested_bytes = (uint64_t)((int64_t)p->st.requested_bytes + *d_req);
   p->st.num_live = (uint64_t)((int64_t)p->st.num_live + *d_live);
   p->st.num_allocs += *d_allocs;
-  p->st.num_frees += *d_frees;
+  /* (the blocks' frees were counted by the cache and again by free_locked: n come off; signed, since
+   * the cache's count may be smaller than n when statistics took it since) */
+  p->st.num_frees = (uint64_t)((int64_t)p->st.num_frees + (int64_t)*d_frees - (int64_t)n);
   *d_req = 0;
   *d_live = 0;
   *d_allocs = 0;

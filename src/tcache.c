@@ -512,8 +512,8 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
       unsigned k = 0, at = 0;
       if (near_fit(c, rsize, &k, &at) != 0) return take_held(c, p, gpumem__tc_pop(c, k, at, size, tag), out);
     } else if (size > GPUMEM__TC_MAX_SIZE) {
-      /* (a size whose rounding wraps gives a small rsize, which no large block has; the pool refuses it) */
-      size_t rsize = (size + 255) & ~(size_t)255;
+      /* (a size that cannot be rounded gets 0, which no large block has; the pool refuses it) */
+      size_t rsize = size > SIZE_MAX - 255 ? 0 : (size + 255) & ~(size_t)255;
       if (!looked && c->lblk != NULL && c->lsz == rsize) return take_held(c, p, large_take(c, size, tag), out);
       /* the large block from the pool is remembered (lfresh) only when this size was asked for last
        * time too: requests of sizes that do not repeat pay nothing for the slot */
