@@ -383,6 +383,10 @@ static size_t near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned 
  * this stream (solo mode, acct.large_ok), whose own frees record no event either: a block kept here
  * costs another stream nothing it would otherwise have had. */
 
+/* The rounded size a large slot's block of a request of `size` bytes (above GPUMEM__TC_MAX_SIZE) has:
+ * 0 for a size that cannot be rounded, which no block has (the pool refuses it). */
+static inline size_t large_rsize(size_t size) { return size > SIZE_MAX - 255 ? 0 : (size + 255) & ~(size_t)255; }
+
 /* 1 if the large block of bsize may be kept. Cache lock held. */
 static int large_fits(const gpumem__tc *c, size_t bsize) {
   return c->lblk == NULL && bsize <= c->lbudget; /* (lfresh is set only where the pool allows: acct.large_ok) */
@@ -436,8 +440,7 @@ int gpumem__tc_large_hit(gpumem_context *ctx, int dev, size_t size, gpumem_strea
   gpumem__tc *c = gpumem__tls_tc;
   if (!gpumem__tc_trylock(c)) return 0; /* (no membarrier: the full path, which looks too) */
   gpumem__block *b = c->lblk;
-  /* (a size whose rounding wraps gives a small value, which no large block has) */
-  if (b != NULL && c->ctx == ctx && c->dev == dev && c->stream == stream && c->lsz == ((size + 255) & ~(size_t)255) &&
+  if (b != NULL && c->ctx == ctx && c->dev == dev && c->stream == stream && c->lsz == large_rsize(size) &&
       c->lsz <= c->acct.headroom) {
     c->acct.headroom -= c->lsz;
     b = large_take(c, size, tag);
@@ -512,8 +515,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
       unsigned k = 0, at = 0;
       if (near_fit(c, rsize, &k, &at) != 0) return take_held(c, p, gpumem__tc_pop(c, k, at, size, tag), out);
     } else if (size > GPUMEM__TC_MAX_SIZE) {
-      /* (a size that cannot be rounded gets 0, which no large block has; the pool refuses it) */
-      size_t rsize = size > SIZE_MAX - 255 ? 0 : (size + 255) & ~(size_t)255;
+      size_t rsize = large_rsize(size);
       if (!looked && c->lblk != NULL && c->lsz == rsize) return take_held(c, p, large_take(c, size, tag), out);
       /* the large block from the pool is remembered (lfresh) only when this size was asked for last
        * time too: requests of sizes that do not repeat pay nothing for the slot */
