@@ -192,8 +192,8 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
   int rcls = rsize <= GPUMEM__SMALL_MAX ? CLS_SMALL : CLS_LARGE;
   gpumem_context *ctx = p->ctx;
 
-  gpumem__share_round asks; /* asking the shared group for memory (share.c): set up at the first round */
-  int asking = 1;           /* 1: not yet asked; 2: asking; 0: no more */
+  gpumem__share_round asks = {0}; /* asking the shared group for memory (share.c): its rounds */
+  int asking = 1;                  /* 0: no more rounds */
   for (int attempt = 0;; attempt++) {
     gpumem_status st;
     gpumem__block *b = NULL;
@@ -273,8 +273,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       /* before the callback: the other members of the shared group give back cached memory (share.c);
        * another process may take it first, so a round may be followed by another (share_wait_ms in all) */
       gpumem__mutex_unlock(&p->lock);
-      if (asking == 1) memset(&asks, 0, sizeof asks);
-      asking = gpumem__share_ask(p, p->share, rsize, &asks) ? 2 : 0;
+      asking = gpumem__share_ask(p, p->share, rsize, &asks);
       if (asking) {
         attempt = -1; /* a fresh first attempt */
         continue;
