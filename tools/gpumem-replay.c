@@ -222,6 +222,28 @@ static uint64_t used_now(gpumem_context *ctx, const char *backend, int device, u
   return used > base ? used - base : 0;
 }
 
+/* The events in order: each allocation into ptrs[slot], each free of it (its slot then NULL); with
+ * lag, the simulated device completes queued work every lag events. Stops at the first failure: *at
+ * is its event (n when none failed). */
+static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_event *ev, size_t n, void **ptrs,
+                                   gpumem_stream *streams, size_t lag, size_t *at) {
+  gpumem_status st = GPUMEM_OK;
+  size_t i;
+  for (i = 0; i < n; i++) {
+    const tools_event *e = &ev[i];
+    if (e->is_alloc) {
+      st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
+    } else {
+      st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
+      if (st == GPUMEM_OK) ptrs[e->slot] = NULL;
+    }
+    if (st != GPUMEM_OK) break;
+    if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
+  }
+  *at = i;
+  return st;
+}
+
 /* One replay. Returns 0 or -1 (message in r->error). */
 static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpumem_stream *streams,
                        const gpumem_backend *wrapped, int sample, double *ns, result *r) {
@@ -253,15 +275,7 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
    * that the timed pass (and its vm calls) start from a pool that holds the trace's memory, as in a
    * training loop's later steps and in gpumem-bench's trace pattern */
   for (int w = 0; w < o->warm && st == GPUMEM_OK; w++) {
-    for (i = 0; i < n && st == GPUMEM_OK; i++) {
-      const tools_event *e = &ev[i];
-      if (e->is_alloc)
-        st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
-      else
-        st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
-      if (!e->is_alloc && st == GPUMEM_OK) ptrs[e->slot] = NULL;
-      if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
-    }
+    st = replay_events(ctx, dev, ev, n, ptrs, streams, lag, &i);
     for (i = 0; i < n; i++) {
       const tools_event *e = &ev[i];
       if (e->is_alloc && ptrs[e->slot] != NULL) {
@@ -278,15 +292,7 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   if (o->warm > 0) memset(&g_vm, 0, sizeof g_vm);
   uint64_t t0 = tools_now_ns();
   if (!sample) {
-    for (i = 0; i < n; i++) {
-      const tools_event *e = &ev[i];
-      if (e->is_alloc)
-        st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
-      else
-        st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
-      if (st != GPUMEM_OK) break;
-      if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
-    }
+    st = replay_events(ctx, dev, ev, n, ptrs, streams, lag, &i);
   } else {
     for (i = 0; i < n; i++) {
       const tools_event *e = &ev[i];
