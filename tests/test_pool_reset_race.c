@@ -93,13 +93,8 @@ static void finish(gpumem_context *ctx) {
  * pointers a reset invalidated (whose address another worker may hold by then, the misuse these
  * tests include on purpose) are double frees to it. Those cases run natively, under ASan and
  * TSan; test_reset_vs_alloc_only runs under memcheck too. */
-#define SKIP_STALE_FREES_ON_VALGRIND()                                               \
-  do {                                                                               \
-    if (tu_on_valgrind()) {                                                          \
-      print_message("skipped under memcheck: stale frees after a reset, on purpose\n"); \
-      skip();                                                                        \
-    }                                                                                \
-  } while (0)
+#define SKIP_STALE_FREES_ON_VALGRIND() \
+  TU_SKIP_UNDER_VALGRIND("skipped under memcheck: stale frees after a reset, on purpose")
 
 static void reset_race(const gpumem_config *cfg, int streams) {
   SKIP_STALE_FREES_ON_VALGRIND();

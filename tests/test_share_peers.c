@@ -33,6 +33,8 @@
 #include <gpumem.h>
 #include <gpumem/backend.h>
 
+#include "testutil.h"
+
 #define MiB ((uint64_t)1024 * 1024)
 #define CAP_MIB 1024
 #define WAIT_LONG "60000" /* share_wait_ms of cases that must end early: a minute if they did not */
@@ -40,17 +42,9 @@
 static const char *g_self;
 static int g_case;
 
-int tu_on_valgrind(void); /* testutil.c */
-
 /* Cases that measure how processes meet in time (a kill, a watcher's tick) are not run under
  * memcheck: it slows each process differently, and test_share_ledger covers the code there. */
-#define SKIP_UNDER_VALGRIND()                                                      \
-  do {                                                                             \
-    if (tu_on_valgrind()) {                                                        \
-      print_message("[  SKIPPED ] timing between processes: not under valgrind\n"); \
-      skip();                                                                      \
-    }                                                                              \
-  } while (0)
+#define SKIP_UNDER_VALGRIND() TU_SKIP_UNDER_VALGRIND("[  SKIPPED ] timing between processes: not under valgrind")
 static char g_name[64];
 
 static double now_s(void) {

@@ -62,17 +62,20 @@ int tu_is_sim(void);
     }                                                                        \
   } while (0)
 
+/** Skip the current test under valgrind's memcheck, printing why (msg: a string literal). */
+#define TU_SKIP_UNDER_VALGRIND(msg)           \
+  do {                                        \
+    if (tu_on_valgrind()) {                   \
+      print_message("%s\n", msg);             \
+      skip();                                 \
+    }                                         \
+  } while (0)
+
 /**
  * Skip a test of the thread caches where they are off: under valgrind's memcheck the sim annotates
  * every block, which turns the monitoring hooks on, and while they are on the pool serves every call.
  */
-#define TU_REQUIRE_CACHES()                                                 \
-  do {                                                                      \
-    if (tu_on_valgrind()) {                                                 \
-      print_message("skipped: thread caches are off under memcheck\n");     \
-      skip();                                                               \
-    }                                                                       \
-  } while (0)
+#define TU_REQUIRE_CACHES() TU_SKIP_UNDER_VALGRIND("skipped: thread caches are off under memcheck")
 
 /** gpumem_config_init() then backend = tu_backend(). Flags stay 0 (environment applies). */
 void tu_config(gpumem_config *cfg);
