@@ -504,14 +504,19 @@ void gpumem__pool_tc_peak(gpumem__pool *p, gpumem__tc_acct *acct) {
   acct->headroom = room < cached ? room : cached;
 }
 
-uint64_t gpumem__pool_tc_budget(gpumem__pool *p) {
-  /* a 64th of what the device may hold (its total, or the limit). (Thread caches are on only while
-   * the release threshold is unlimited, context.c: none holds memory a threshold would give back.)
-   * The limit is read under the pool lock: gpumem_set_limit changes it there. */
+/* What the device may hold for this pool: its total, or the limit when lower (0: neither known). The
+ * limit is read under the pool lock: gpumem_set_limit changes it there. */
+static uint64_t tc_capacity(gpumem__pool *p) {
   gpumem__mutex_lock(&p->lock);
   uint64_t limit = p->limit;
   gpumem__mutex_unlock(&p->lock);
-  uint64_t base = limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
+  return limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
+}
+
+uint64_t gpumem__pool_tc_budget(gpumem__pool *p) {
+  /* a 64th of what the device may hold. (Thread caches are on only while the release threshold is
+   * unlimited, context.c: none holds memory a threshold would give back.) */
+  uint64_t base = tc_capacity(p);
   uint64_t b = base != 0 ? base / 64 : GPUMEM__TC_MAX_BYTES;
   return b < GPUMEM__TC_MAX_BYTES ? b : GPUMEM__TC_MAX_BYTES;
 }
@@ -520,11 +525,7 @@ uint64_t gpumem__pool_tc_large_budget(gpumem__pool *p) {
   /* a 16th of what the device may hold (tcache.c, the large slot). The block kept stays visible
    * (cached in the statistics) and comes back at the thread's next call to the pool, and on trim,
    * reset, out of memory, a limit, a share ask and low device memory (the watcher's check). */
-  gpumem__mutex_lock(&p->lock);
-  uint64_t limit = p->limit;
-  gpumem__mutex_unlock(&p->lock);
-  uint64_t base = limit != 0 && (p->total == 0 || limit < p->total) ? limit : p->total;
-  return base / GPUMEM__TC_LARGE_DIV;
+  return tc_capacity(p) / GPUMEM__TC_LARGE_DIV;
 }
 
 int gpumem__pool_tc_keyed(gpumem__pool *p, int delta) {
