@@ -14,9 +14,10 @@
  * A granule is mapped while a live or not-yet-READY block overlaps it
  * (vmseg.c counts those "busy" bytes: take() adds them for blocks taken
  * from READY, insert_coalesce() removes them for blocks entering READY).
- * Physical memory comes in chunks of up to 8 MiB, one backend create and
- * one map per chunk (one granule each for a while after the device ran
- * short of memory: then every idle granule can be given back). Free mapped memory stays mapped ("idle", cached); new
+ * Physical memory comes in chunks of up to 8 MiB (64 MiB inside blocks of
+ * 512 MiB and more), one backend create and one map per chunk (one granule
+ * each for a while after the device ran short of memory: then every idle
+ * granule can be given back). Free mapped memory stays mapped ("idle", cached); new
  * chunks are created while that keeps the reserved bytes within their peak,
  * and beyond it idle chunks are moved to where a block needs memory, or
  * given back to make room, so the peak grows only when nothing idle is

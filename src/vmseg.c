@@ -28,6 +28,13 @@
  * calls and slightly higher peaks; 8 MiB keeps held/live under 1.02 on the
  * recorded traces with about a quarter of the calls of 2 MiB chunks. */
 #define CHUNK_MAX_BYTES ((size_t)8 << 20)
+/* Blocks of at least HUGE_BLOCK_BYTES get chunks of up to CHUNK_HUGE_BYTES. Such a block covers
+ * its chunks whole but at its two ends, so larger chunks pin nothing while it lives, and when it
+ * is freed they serve the next huge block with an eighth of the calls: dynamic shapes (attention
+ * scores of changing lengths) move most of their chunks for a few blocks of this size, each move
+ * an unmap and a map of tens of microseconds on CUDA. */
+#define HUGE_BLOCK_BYTES ((size_t)512 << 20)
+#define CHUNK_HUGE_BYTES ((size_t)64 << 20)
 /* After the device ran short of memory (gpumem__vm_pressure), new chunks are one granule each for
  * this long: every granule that goes idle can then be given back at once, which a chunk that
  * still holds a live block elsewhere does not allow. Renewed by every new sign of pressure; once
@@ -65,6 +72,7 @@ struct gpumem__vmpool {
   int dev;
   size_t gran;
   uint32_t chunk_max;      /* granules */
+  uint32_t chunk_huge;     /* granules, for blocks of HUGE_BLOCK_BYTES and more */
   uint64_t total;
   gpumem_stats *st;
   gpumem__vmspace *spaces;
@@ -107,6 +115,7 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->dev = device;
   vp->gran = g;
   vp->chunk_max = CHUNK_MAX_BYTES > g ? (uint32_t)(CHUNK_MAX_BYTES / g) : 1;
+  vp->chunk_huge = CHUNK_HUGE_BYTES > g ? (uint32_t)(CHUNK_HUGE_BYTES / g) : 1;
   vp->total = total;
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
@@ -561,15 +570,28 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   size_t gs = vp->gran;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off / gs), last = (uint32_t)((off + size - 1) / gs);
+  /* granules wholly inside the block, [inner, inner_end): only there may a huge chunk go, so that
+   * no neighbour ever shares one */
+  uint32_t inner = (uint32_t)((off + gs - 1) / gs), inner_end = (uint32_t)((off + size) / gs);
+  int huge = size >= HUGE_BLOCK_BYTES && vp->chunk_huge > vp->chunk_max;
   uint32_t cmax = 0;
   while (g <= last) {
     if (vs->cid[g] != NIL) {
       g++;
       continue;
     }
-    if (cmax == 0) cmax = chunk_limit(vp);
-    uint32_t e = g; /* a run of unmapped granules, at most cmax long */
-    while (e <= last && vs->cid[e] == NIL && e - g < cmax) e++;
+    if (cmax == 0) {
+      cmax = chunk_limit(vp);
+      if (cmax != vp->chunk_max) huge = 0; /* under pressure: one granule each */
+    }
+    uint32_t e = g; /* a run of unmapped granules, at most cmax long (a huge chunk: exactly chunk_huge) */
+    uint32_t lim = cmax;
+    if (huge && g >= inner && inner_end - g >= vp->chunk_huge) lim = vp->chunk_huge;
+    while (e <= last && vs->cid[e] == NIL && e - g < lim) e++;
+    if (lim != cmax && e - g < lim) { /* something is mapped before a whole huge chunk: a normal one */
+      e = g;
+      while (e <= last && vs->cid[e] == NIL && e - g < cmax) e++;
+    }
     gpumem_status st = fill(vs, g, e - g, limit);
     if (st != GPUMEM_OK) return st;
     g = e;

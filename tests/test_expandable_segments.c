@@ -489,12 +489,50 @@ static void test_pressure_granule_chunks(void **state) {
   assert_true(low == 2 * TU_MiB);
 }
 
+/* A block of 512 MiB or more gets chunks of 64 MiB inside it, and chunks of at most 8 MiB at its
+ * ends, where a granule may be shared with a neighbour: a freed huge block then gives back all but
+ * the granules its live neighbours touch, as smaller blocks do, with an eighth of the calls. (Blocks
+ * below 512 MiB keep chunks of 8 MiB: test_vm_call_budget.) */
+static void test_huge_block_chunks(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = vm_ctx(NULL);
+  void *a = NULL, *h = NULL, *d = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &a), GPUMEM_OK); /* granule 0, half of 1 */
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  /* [3 MiB, 1 GiB + 3 MiB): granule 1 is shared with a, 2..512 wholly inside, 513 half */
+  assert_status(gpumem_alloc(ctx, 0, TU_GiB, NULL, &h), GPUMEM_OK);
+  assert_true((uintptr_t)h == (uintptr_t)a + 3 * TU_MiB);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  uint64_t creates = s1.num_backend_allocs - s0.num_backend_allocs;
+  print_message("1 GiB block: %llu chunks created\n", (unsigned long long)creates);
+  /* 15 of 64 MiB (granules 2..481), 8 of 8 MiB (482..513): 8 MiB chunks alone take 128 */
+  assert_true(creates == 15 + 8);
+  assert_true(s1.reserved_bytes == 4 * TU_MiB + 512 * (uint64_t)GRAN);
+  assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &d), GPUMEM_OK); /* half of 513, and 514 */
+  assert_true((uintptr_t)d == (uintptr_t)h + TU_GiB);
+  tu_stamp(a, 3 * TU_MiB, 0xA);
+  tu_stamp(d, 3 * TU_MiB, 0xD);
+  assert_status(gpumem_free(ctx, h, NULL), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  /* a's chunk (granules 0..1), the 8 MiB chunk with granule 513 and d's granule 514: no huge chunk
+   * reaches a neighbour */
+  assert_true(tu_sim_used(0) == 4 * TU_MiB + 8 * TU_MiB + 2 * TU_MiB);
+  assert_true(tu_stamp_ok(a, 3 * TU_MiB, 0xA) && tu_stamp_ok(d, 3 * TU_MiB, 0xD));
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, d, NULL), GPUMEM_OK);
+  assert_held_exact(ctx);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
       TU_TEST(test_release_threshold_inside_segment), TU_TEST(test_no_unmap_while_pending),
       TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
       TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget), TU_TEST(test_pressure_granule_chunks),
+      TU_TEST(test_huge_block_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
