@@ -343,6 +343,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       vm_search(p, r, &k);
       b = k.best;
       need = vm_pick_need(&k);
+      if (need > 0 && p->scount > 1) p->hungry++; /* other streams: harvest at their next call */
     }
     if (b != NULL && need == 0) { /* all mapped: nothing below applies but the take */
       take(p, b, rsize);

@@ -422,6 +422,7 @@ void gpumem__free_place(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
   gpumem__srec *r = gpumem__srec_get(p, stream);
   if (r != NULL) {
     b->fseq = ++r->seq;
+    r->unasked += b->size;
     insert_coalesce(p, r->idx, b);
     if (named) gpumem__stream_touch(p, r); /* the event for other streams is recorded now, on the stream of this call */
   } else {

@@ -123,6 +123,7 @@ struct gpumem__srec {
   gpumem__batch *batches;      /* its pending batch (at most one) */
   uint64_t fed;                /* pool->hungry when this stream was last harvested (see stream_touch) */
   uint64_t seq;                /* frees on this stream so far (block fseq) */
+  uint64_t unasked;            /* bytes freed on it since its pending batch was last asked (see stream_touch) */
   gpumem_event mev;            /* single-stream mark: event recorded on the stream ... */
   uint64_t mark_seq;           /* ... after its free number mark_seq */
   int has_mark;

@@ -262,6 +262,41 @@ static void test_long_single_stream_run_never_hands_over_early(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* Frees on a stream whose earlier batch is still pending are asked about once enough was freed
+ * (a 128th of the pool, at least 2 MiB), not only after another stream missed: blocks A freed
+ * while nothing else ran serve B once A's work completed, and the pool does not grow for B. */
+static void test_large_frees_reach_other_streams(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  enum { K = 8 };
+  const size_t n = 8 * TU_MiB;
+  void *x = NULL, *y = NULL, *p[K], *q = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SA, &x), GPUMEM_OK);
+  for (int i = 0; i < K; i++) assert_status(gpumem_alloc(ctx, 0, n, SA, &p[i]), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK); /* a second stream, with frees (above the thread caches' sizes: the pool sees them) */
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK);
+  gpumem_sim_set_delayed(1);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK); /* A's batch, pending */
+  gpumem_sim_complete_all();                          /* done on the device; nobody asked yet */
+  for (int i = 0; i < K; i++) assert_status(gpumem_free(ctx, p[i], SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  int reused = 0;
+  for (int i = 0; i < K; i++) reused |= overlaps(p[i], n, q, n);
+  print_message("B's block %s A's freed blocks; reserved %llu -> %llu\n", reused ? "inside" : "outside",
+                (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
+  assert_true(reused);
+  assert_true(after.reserved_bytes == before.reserved_bytes);
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_same_stream_immediate_reuse),
@@ -272,6 +307,7 @@ int main(void) {
       TU_TEST(test_many_streams_no_overlap),
       TU_TEST(test_short_program_hands_over_after_completion),
       TU_TEST(test_long_single_stream_run_never_hands_over_early),
+      TU_TEST(test_large_frees_reach_other_streams),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
