@@ -50,14 +50,6 @@
  * out with memory; a workload that moves little stays at the peak. Fewer moves per raise buy
  * more memory sooner, more moves per raise leave more moves (figures: docs/internals/HOT-PATH.md). */
 #define MOVES_PER_RAISE 16
-/* With several streams the allowance stays within 1/MANY_ALLOWANCE_DIV of the live peak. There it
- * never settled: each stream's frees serve the others only once its work is known complete, the
- * moves went on and the allowance with them (multi-stream replays 1.084 / 1.030 / 1.060 cold and
- * 1.127 / 1.036 / 1.084 warm, against 1.031 / 1.030 / 1.029 and 1.031 / 1.034 / 1.031 capped).
- * The price is moves in the steady state (two models on two streams: 800 per replay against 45;
- * figures: docs/internals/HOT-PATH.md). One stream keeps the uncapped allowance: capped, ResNet-50
- * training was 6 % slower per step on the H200. */
-#define MANY_ALLOWANCE_DIV 32
 
 typedef struct vmchunk {
   gpumem_phys_handle h;
@@ -93,7 +85,6 @@ struct gpumem__vmpool {
   size_t spare_gran;
   uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
   uint32_t moves;          /* idle-chunk moves since the allowance last grew */
-  int many;                /* the pool serves several streams: the allowance is capped (MANY_ALLOWANCE_DIV) */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
@@ -520,8 +511,6 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
       if (step > vp->chunk_max) step = vp->chunk_max;
       vp->moves = 0;
       vp->allowance += step * vp->gran;
-      if (vp->many && vp->allowance > vp->st->allocated_peak / MANY_ALLOWANCE_DIV)
-        vp->allowance = vp->st->allocated_peak / MANY_ALLOWANCE_DIV;
     }
     /* a spare chunk that fits */
     for (size_t k = 0; k < vp->nspare; k++) {
@@ -608,11 +597,6 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
     g = e;
   }
   return GPUMEM_OK;
-}
-
-void gpumem__vm_many_streams(gpumem__vmpool *vp) {
-  vp->many = 1;
-  if (vp->allowance > vp->st->allocated_peak / MANY_ALLOWANCE_DIV) vp->allowance = vp->st->allocated_peak / MANY_ALLOWANCE_DIV;
 }
 
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {

@@ -60,8 +60,6 @@ gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t
 void gpumem__vm_pressure(gpumem__vmpool *vp);
 /** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
-/** The pool serves several streams from now on: the allowance stays within a 32nd of the live peak (see fill in vmseg.c). */
-void gpumem__vm_many_streams(gpumem__vmpool *vp);
 /**
  * The vm state of one device pool, or NULL when the pool uses plain
  * segments: expandable is off, the backend lacks vm methods, or its
