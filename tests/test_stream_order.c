@@ -3,7 +3,8 @@
  * completed, without the pool growing (DESIGN.md: "on another stream only after the work queued
  * on S before the free has completed"), also in a pool that has seen only A so far; and after a
  * long single-stream run (where the pool stops recording an event at each free: the solo path),
- * B still never gets A's memory while A's work is pending. */
+ * B still never gets A's memory while A's work is pending; and A's frees reach other streams
+ * without A being asked by them: once enough was freed on A, or after another stream missed. */
 #include "testutil.h"
 
 #define SA ((gpumem_stream)(uintptr_t)0xA0)
@@ -297,6 +298,45 @@ static void test_large_frees_reach_other_streams(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A miss of another stream (an allocation that would map new memory) makes the next free on A ask
+ * A's pending batch even when A freed little since: A's earlier frees then serve other streams. */
+static void test_miss_makes_a_stream_ask(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  const size_t n = 8 * TU_MiB, small = 3 * TU_MiB / 2; /* small: above the thread caches, below what asks */
+  void *x = NULL, *y = NULL, *big = NULL, *q = NULL, *z = NULL, *w = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SA, &x), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &big), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, small, SA, &z), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK); /* a second stream, with frees */
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK);
+  gpumem_sim_set_delayed(1);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);   /* A's batch: x, pending */
+  assert_status(gpumem_free(ctx, big, SA), GPUMEM_OK); /* 8 MiB: asks, not done: big stays unbatched */
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK); /* B misses: new memory */
+  assert_true(tu_stats(ctx, 0).reserved_bytes > s0.reserved_bytes);
+  gpumem_sim_complete_all(); /* x and big done on the device */
+  /* a free on A below what asks by itself: after B's miss it asks; x's batch is done, so big and z
+   * get a batch of their own */
+  assert_status(gpumem_free(ctx, z, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, n, SC, &w), GPUMEM_OK); /* a third stream: big's memory, no growth */
+  gpumem_stats s2 = tu_stats(ctx, 0);
+  print_message("reserved %llu -> %llu; C's block %s big\n", (unsigned long long)s1.reserved_bytes,
+                (unsigned long long)s2.reserved_bytes, overlaps(big, n, w, n) ? "inside" : "outside");
+  assert_true(s2.reserved_bytes == s1.reserved_bytes);
+  assert_true(overlaps(big, n, w, n));
+  assert_status(gpumem_free(ctx, w, SC), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_same_stream_immediate_reuse),
@@ -308,6 +348,7 @@ int main(void) {
       TU_TEST(test_short_program_hands_over_after_completion),
       TU_TEST(test_long_single_stream_run_never_hands_over_early),
       TU_TEST(test_large_frees_reach_other_streams),
+      TU_TEST(test_miss_makes_a_stream_ask),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
