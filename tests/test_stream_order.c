@@ -303,6 +303,7 @@ static void test_large_frees_reach_other_streams(void **state) {
 static void test_miss_makes_a_stream_ask(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
+  tu_setenv("GPUMEM_EXPANDABLE", "1"); /* the miss of an expandable pool (plain pools: alloc_locked in pool.c) */
   gpumem_context *ctx = tu_ctx_new(NULL);
   const size_t n = 8 * TU_MiB, small = 3 * TU_MiB / 2; /* small: above the thread caches, below what asks */
   void *x = NULL, *y = NULL, *big = NULL, *q = NULL, *z = NULL, *w = NULL;
