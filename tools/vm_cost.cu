@@ -1,0 +1,145 @@
+// vm_cost: what the CUDA driver's virtual-memory calls cost while the GPU is idle and while a
+// kernel is running (on memory the calls do not touch). A chunk move in expandable segments is an
+// unmap and a map + set-access; if a call waits for the running work, a move costs the GPU's
+// queue, not tens of microseconds.
+//
+//   nvcc -O2 -o vm_cost tools/vm_cost.cu -lcuda && ./vm_cost [CHUNK_MIB] [SPIN_MS]
+//
+// Prints, per call, the median and the largest time in microseconds over REPS calls, idle and busy
+// (each busy call is made right after launching a SPIN_MS kernel on its own non-blocking stream),
+// and how long the kernel had left when the call returned (a call that waited leaves it ~0).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    CUresult r_ = (x);                                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                                   \
+      const char *s_ = nullptr;                                                                 \
+      cuGetErrorString(r_, &s_);                                                                \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");           \
+      std::exit(2);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+__global__ void spin(unsigned long long ns, int *flag) {
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > ns) break;
+  }
+  *flag = 1;
+}
+
+static double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Stat {
+  std::vector<double> v;
+  void add(double x) { v.push_back(x); }
+  double med() {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+  }
+  double max() { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+};
+
+int main(int argc, char **argv) {
+  const size_t chunk_mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 8;
+  const double spin_ms = argc > 2 ? std::atof(argv[2]) : 20.0;
+  const int REPS = 15;
+  if (cudaFree(nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "vm_cost: no CUDA device\n");
+    return 2;
+  }
+  CUdevice dev;
+  CK(cuCtxGetDevice(&dev));
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = (int)dev;
+  size_t gran = 0;
+  CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const size_t sz = ((chunk_mib << 20) + gran - 1) / gran * gran;
+  CUmemAccessDesc acc = {};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUdeviceptr va;
+  CK(cuMemAddressReserve(&va, sz * 2, 0, 0, 0));
+  int *flag = nullptr;
+  if (cudaMalloc(&flag, sizeof *flag) != cudaSuccess) return 2;
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  std::printf("vm_cost: chunk %zu MiB (granularity %zu KiB), kernel %.1f ms, %d calls each\n", sz >> 20,
+              gran >> 10, spin_ms, REPS);
+  std::printf("%-22s %-5s %10s %10s %16s\n", "call", "gpu", "median us", "max us", "kernel left ms");
+  for (int busy = 0; busy < 2; busy++) {
+    Stat st_create, st_map, st_access, st_unmap, st_release, left_unmap, left_access;
+    for (int i = 0; i < REPS; i++) {
+      CUmemGenericAllocationHandle h;
+      double t0 = 0, t1 = 0, tk = 0;
+      auto launch = [&]() {
+        if (!busy) return;
+        cudaMemsetAsync(flag, 0, sizeof *flag, s);
+        spin<<<1, 1, 0, s>>>((unsigned long long)(spin_ms * 1e6), flag);
+        tk = now_us();
+        cudaStreamQuery(s); /* submitted */
+      };
+      auto left = [&]() {
+        if (!busy) return 0.0;
+        return cudaStreamQuery(s) == cudaSuccess ? 0.0 : spin_ms - (now_us() - tk) / 1000.0;
+      };
+      launch();
+      t0 = now_us();
+      CK(cuMemCreate(&h, sz, &prop, 0));
+      t1 = now_us();
+      st_create.add(t1 - t0);
+      cudaStreamSynchronize(s);
+      launch();
+      t0 = now_us();
+      CK(cuMemMap(va, sz, 0, h, 0));
+      t1 = now_us();
+      st_map.add(t1 - t0);
+      t0 = now_us();
+      CK(cuMemSetAccess(va, sz, &acc, 1));
+      t1 = now_us();
+      st_access.add(t1 - t0);
+      left_access.add(left());
+      cudaStreamSynchronize(s);
+      launch();
+      t0 = now_us();
+      CK(cuMemUnmap(va, sz));
+      t1 = now_us();
+      st_unmap.add(t1 - t0);
+      left_unmap.add(left());
+      cudaStreamSynchronize(s);
+      launch();
+      t0 = now_us();
+      CK(cuMemRelease(h));
+      t1 = now_us();
+      st_release.add(t1 - t0);
+      cudaStreamSynchronize(s);
+    }
+    const char *g = busy ? "busy" : "idle";
+    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemCreate", g, st_create.med(), st_create.max());
+    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemMap", g, st_map.med(), st_map.max());
+    std::printf("%-22s %-5s %10.1f %10.1f %16.2f\n", "cuMemSetAccess", g, st_access.med(), st_access.max(),
+                left_access.med());
+    std::printf("%-22s %-5s %10.1f %10.1f %16.2f\n", "cuMemUnmap", g, st_unmap.med(), st_unmap.max(),
+                left_unmap.med());
+    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemRelease", g, st_release.med(), st_release.max());
+  }
+  cudaStreamDestroy(s);
+  cudaFree(flag);
+  CK(cuMemAddressFree(va, sz * 2));
+  return 0;
+}
