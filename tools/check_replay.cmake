@@ -1,8 +1,14 @@
 # check_replay.cmake: run gpumem-replay --json on one trace and check its figures against bounds.
-#   cmake -DREPLAY=<gpumem-replay> -DTRACE=<trace> -DMAX_RATIO=1.07 -DMAX_UNMAP=1000 -P check_replay.cmake
-# Fails when the reserved/live ratio or the virtual-memory unmap count passes its bound.
+#   cmake -DREPLAY=<gpumem-replay> -DTRACE=<trace> -DMAX_RATIO=1.07 -DMAX_UNMAP=1000 [-DWARM=N] -P check_replay.cmake
+# Fails when the reserved/live ratio or the virtual-memory unmap count passes its bound. WARM: the
+# figures are of the pass after N untimed ones in the same context (gpumem-replay --warm N).
 cmake_minimum_required(VERSION 3.19) # string(JSON)
-execute_process(COMMAND "${REPLAY}" --json "${TRACE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(warm_args)
+if(DEFINED WARM)
+  set(warm_args --warm ${WARM})
+endif()
+execute_process(COMMAND "${REPLAY}" --json ${warm_args} "${TRACE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "gpumem-replay failed (${rc}): ${err}")
 endif()
