@@ -207,6 +207,7 @@ enum { HANDOVER_N = 4 * 1024 * 1024 };
 static void test_short_program_hands_over_after_completion(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
+  tu_setenv("GPUMEM_EXPANDABLE", "1"); /* the only room is p's (a plain segment holds more than p) */
   gpumem_context *ctx = tu_ctx_new(NULL);
   gpumem_sim_set_delayed(1);
   void *p, *q;
