@@ -588,10 +588,7 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
     uint32_t lim = cmax;
     if (huge && g >= inner && inner_end - g >= vp->chunk_huge) lim = vp->chunk_huge;
     while (e <= last && vs->cid[e] == NIL && e - g < lim) e++;
-    if (lim != cmax && e - g < lim) { /* something is mapped before a whole huge chunk: a normal one */
-      e = g;
-      while (e <= last && vs->cid[e] == NIL && e - g < cmax) e++;
-    }
+    if (e - g < lim && e - g > cmax) e = g + cmax; /* something mapped before a whole huge chunk: a normal one */
     gpumem_status st = fill(vs, g, e - g, limit);
     if (st != GPUMEM_OK) return st;
     g = e;

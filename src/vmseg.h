@@ -7,8 +7,9 @@
  * splitting and coalescing; this module only knows address ranges. Physical
  * memory backs the granules of a space (the backend's granularity: 2 MiB on
  * CUDA and sim) on demand, in chunks: one vm_create of one or more granules
- * (at most CHUNK_MAX_BYTES, vmseg.c; one granule for a while after the
- * device ran short of memory, gpumem__vm_pressure), mapped over a run of
+ * (at most CHUNK_MAX_BYTES, vmseg.c; CHUNK_HUGE_BYTES wholly inside blocks
+ * of HUGE_BLOCK_BYTES and more; one granule for a while after the device ran
+ * short of memory, gpumem__vm_pressure), mapped over a run of
  * granules with one vm_map and unmapped as a whole.
  *
  *   busy[g]  bytes of granule g covered by blocks that are live, or free but
