@@ -264,6 +264,17 @@ static void test_long_single_stream_run_never_hands_over_early(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* The pool's second stream, B, with a free of its own (a stream record: the pool is multi-stream,
+ * frees are batched with events); returns B's live 2 MiB block (above the thread caches' sizes, so the
+ * pool sees its calls). */
+static void *second_stream(gpumem_context *ctx) {
+  void *y = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK);
+  return y;
+}
+
 /* Frees on a stream whose earlier batch is still pending are asked about once enough was freed
  * (a 128th of the pool, at least 2 MiB), not only after another stream missed: blocks A freed
  * while nothing else ran serve B once A's work completed, and the pool does not grow for B. */
@@ -276,9 +287,7 @@ static void test_large_frees_reach_other_streams(void **state) {
   void *x = NULL, *y = NULL, *p[K], *q = NULL;
   assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SA, &x), GPUMEM_OK);
   for (int i = 0; i < K; i++) assert_status(gpumem_alloc(ctx, 0, n, SA, &p[i]), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK); /* a second stream, with frees (above the thread caches' sizes: the pool sees them) */
-  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK);
+  y = second_stream(ctx);
   gpumem_sim_set_delayed(1);
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK); /* A's batch, pending */
   gpumem_sim_complete_all();                          /* done on the device; nobody asked yet */
@@ -311,9 +320,7 @@ static void test_miss_makes_a_stream_ask(void **state) {
   assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SA, &x), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, n, SA, &big), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, small, SA, &z), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK); /* a second stream, with frees */
-  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SB, &y), GPUMEM_OK);
+  y = second_stream(ctx);
   gpumem_sim_set_delayed(1);
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);   /* A's batch: x, pending */
   assert_status(gpumem_free(ctx, big, SA), GPUMEM_OK); /* 8 MiB: asks, not done: big stays unbatched */
