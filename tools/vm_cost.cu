@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
     Stat st_create, st_map, st_access, st_unmap, st_release, left_unmap, left_access;
     for (int i = 0; i < REPS; i++) {
       CUmemGenericAllocationHandle h;
-      double t0 = 0, t1 = 0, tk = 0;
+      double tk = 0;
       auto launch = [&]() {
         if (!busy) return;
         cudaMemsetAsync(flag, 0, sizeof *flag, s);
@@ -98,45 +98,38 @@ int main(int argc, char **argv) {
         if (!busy) return 0.0;
         return cudaStreamQuery(s) == cudaSuccess ? 0.0 : spin_ms - (now_us() - tk) / 1000.0;
       };
+      /* each call right after a fresh kernel launch (busy), its time, and then the kernel's end */
+      auto timed = [&](Stat &st, Stat *kernel_left, auto &&call) {
+        double t0 = now_us();
+        CK(call());
+        st.add(now_us() - t0);
+        if (kernel_left != nullptr) kernel_left->add(left());
+      };
       launch();
-      t0 = now_us();
-      CK(cuMemCreate(&h, sz, &prop, 0));
-      t1 = now_us();
-      st_create.add(t1 - t0);
+      timed(st_create, nullptr, [&] { return cuMemCreate(&h, sz, &prop, 0); });
       cudaStreamSynchronize(s);
       launch();
-      t0 = now_us();
-      CK(cuMemMap(va, sz, 0, h, 0));
-      t1 = now_us();
-      st_map.add(t1 - t0);
-      t0 = now_us();
-      CK(cuMemSetAccess(va, sz, &acc, 1));
-      t1 = now_us();
-      st_access.add(t1 - t0);
-      left_access.add(left());
+      timed(st_map, nullptr, [&] { return cuMemMap(va, sz, 0, h, 0); });
+      timed(st_access, &left_access, [&] { return cuMemSetAccess(va, sz, &acc, 1); });
       cudaStreamSynchronize(s);
       launch();
-      t0 = now_us();
-      CK(cuMemUnmap(va, sz));
-      t1 = now_us();
-      st_unmap.add(t1 - t0);
-      left_unmap.add(left());
+      timed(st_unmap, &left_unmap, [&] { return cuMemUnmap(va, sz); });
       cudaStreamSynchronize(s);
       launch();
-      t0 = now_us();
-      CK(cuMemRelease(h));
-      t1 = now_us();
-      st_release.add(t1 - t0);
+      timed(st_release, nullptr, [&] { return cuMemRelease(h); });
       cudaStreamSynchronize(s);
     }
     const char *g = busy ? "busy" : "idle";
-    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemCreate", g, st_create.med(), st_create.max());
-    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemMap", g, st_map.med(), st_map.max());
-    std::printf("%-22s %-5s %10.1f %10.1f %16.2f\n", "cuMemSetAccess", g, st_access.med(), st_access.max(),
-                left_access.med());
-    std::printf("%-22s %-5s %10.1f %10.1f %16.2f\n", "cuMemUnmap", g, st_unmap.med(), st_unmap.max(),
-                left_unmap.med());
-    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemRelease", g, st_release.med(), st_release.max());
+    auto row = [&](const char *name, Stat &st, Stat *kernel_left) {
+      std::printf("%-22s %-5s %10.1f %10.1f", name, g, st.med(), st.max());
+      if (kernel_left != nullptr) std::printf(" %16.2f", kernel_left->med());
+      std::printf("\n");
+    };
+    row("cuMemCreate", st_create, nullptr);
+    row("cuMemMap", st_map, nullptr);
+    row("cuMemSetAccess", st_access, &left_access);
+    row("cuMemUnmap", st_unmap, &left_unmap);
+    row("cuMemRelease", st_release, nullptr);
   }
   cudaStreamDestroy(s);
   cudaFree(flag);
