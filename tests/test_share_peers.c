@@ -183,6 +183,32 @@ typedef struct child {
 
 /* Start this program with a role; env entries "NAME=VALUE" are set in the child only. */
 static child spawn(const char *const *args, const char *const *env) {
+  /* argv and the environment are built before fork: between fork and exec the child calls only
+   * async-signal-safe functions, since another thread of this process may have held a lock (of
+   * malloc, or of the environment) at the fork */
+  extern char **environ;
+  char *argv[16];
+  int n = 0;
+  argv[n++] = (char *)g_self;
+  argv[n++] = (char *)"--role";
+  for (int i = 0; args[i] != NULL && n < 15; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  size_t ne = 0, nx = 0;
+  while (environ[ne] != NULL) ne++;
+  while (env != NULL && env[nx] != NULL) nx++;
+  char **envp = calloc(ne + nx + 1, sizeof *envp);
+  assert_non_null(envp);
+  size_t k = 0;
+  for (size_t i = 0; i < ne; i++) {
+    int shadowed = 0; /* an entry of env replaces the inherited one of the same name */
+    for (size_t j = 0; j < nx && !shadowed; j++) {
+      size_t len = (size_t)(strchr(env[j], '=') - env[j]) + 1;
+      shadowed = strncmp(environ[i], env[j], len) == 0;
+    }
+    if (!shadowed) envp[k++] = environ[i];
+  }
+  for (size_t j = 0; j < nx; j++) envp[k++] = (char *)env[j];
+  envp[k] = NULL;
   int pin[2], pout[2];
   assert_int_equal(pipe(pin), 0);
   assert_int_equal(pipe(pout), 0);
@@ -195,16 +221,10 @@ static child spawn(const char *const *args, const char *const *env) {
     close(pin[1]);
     close(pout[0]);
     close(pout[1]);
-    for (int i = 0; env != NULL && env[i] != NULL; i++) putenv((char *)env[i]);
-    char *argv[16];
-    int n = 0;
-    argv[n++] = (char *)g_self;
-    argv[n++] = (char *)"--role";
-    for (int i = 0; args[i] != NULL && n < 15; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    execv(g_self, argv);
+    execve(g_self, argv, envp);
     _exit(127);
   }
+  free(envp);
   close(pin[0]);
   close(pout[1]);
   child c = {pid, pin[1], fdopen(pout[0], "r")};
