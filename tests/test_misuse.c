@@ -583,13 +583,6 @@ static void *fork_hammer(void *arg) {
  * inherited context return GPUMEM_ERR_NOT_SUPPORTED without taking a lock
  * (fork generation), and the sim backend's lock is taken around fork
  * (pthread_atfork) so the child's own context works. */
-#if defined(__SANITIZE_ADDRESS__)
-#  define TU_ASAN 1
-#elif defined(__has_feature)
-#  if __has_feature(address_sanitizer)
-#    define TU_ASAN 1
-#  endif
-#endif
 static void test_fork_busy_parent(void **state) {
   (void)state;
   TU_REQUIRE_SIM();

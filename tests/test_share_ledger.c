@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +26,8 @@
 #include <cmocka.h>
 
 #include <gpumem.h>
+
+#include "testutil.h"
 
 #define MiB ((uint64_t)1024 * 1024)
 
@@ -350,50 +351,11 @@ static void test_watcher_life(void **state) {
 
 /* fork() while the watcher runs and answers: the child creates a context of its own, is a member with
  * its own entry, and exits at once; the parent's watcher goes on. */
-#if defined(__SANITIZE_ADDRESS__)
-#define TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TEST_ASAN 1
-#endif
-#endif
-
-#ifdef TEST_ASAN
-/* ASan's allocator (GCC's libasan) takes no lock at fork: a fork while another thread is inside
- * malloc or free leaves the child's allocator locked for good (glibc's malloc takes its locks at
- * fork, so programs without ASan are safe). Under ASan the parent's watcher therefore has no
- * ticks (interval 0), and each fork waits until every other thread of the process is parked in a
- * shared FUTEX_WAIT (op 0: the watcher on its ledger word; glibc's and ASan's own waits are
- * private, op 128 and up), where it holds no lock. */
-static int others_parked(void) {
-  DIR *d = opendir("/proc/self/task");
-  assert_non_null(d);
-  int all = 1;
-  struct dirent *e;
-  char self[32];
-  snprintf(self, sizeof self, "%ld", (long)syscall(SYS_gettid));
-  while ((e = readdir(d)) != NULL && all) {
-    if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0) continue;
-    char path[96], line[256] = "";
-    snprintf(path, sizeof path, "/proc/self/task/%.32s/syscall", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) continue; /* (a thread that just ended) */
-    unsigned long nr = 0, a0 = 0, a1 = 1;
-    all = fgets(line, sizeof line, f) != NULL && sscanf(line, "%lu %lx %lx", &nr, &a0, &a1) == 3 &&
-          nr == (unsigned long)SYS_futex && a1 == 0;
-    fclose(f);
-  }
-  closedir(d);
-  return all;
-}
-
-static void quiesce(void) {
-  for (int i = 0; i < 20000 && !others_parked(); i++) usleep(500);
-  assert_true(others_parked());
-}
+#ifdef TU_ASAN
+/* Under ASan the parent's watcher has no ticks (interval 0), and each fork waits until it is
+ * parked on its ledger word (tu_quiesce_threads says why). */
 #define FORK_WATCH_MS 0
 #else
-static void quiesce(void) {}
 #define FORK_WATCH_MS 5
 #endif
 
@@ -402,7 +364,9 @@ static void test_fork(void **state) {
   gpumem_context *ctx = mk(NULL, 0, FORK_WATCH_MS, 0);
   touch(ctx, 64 * MiB);
   for (int round = 0; round < 4; round++) {
-    quiesce();
+#ifdef TU_ASAN
+    assert_true(tu_quiesce_threads());
+#endif
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {

@@ -2,6 +2,10 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -554,7 +558,40 @@ void tu_child_fail(const char *file, int line, const char *fmt, ...) {
   _exit(1);
 }
 
+static int others_parked(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL) return 0;
+  int all = 1;
+  struct dirent *e;
+  char self[32];
+  snprintf(self, sizeof self, "%ld", (long)syscall(SYS_gettid));
+  while (all && (e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0) continue;
+    char path[96], line[256] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%.32s/syscall", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue; /* (a thread that just ended) */
+    unsigned long nr = 0, a0 = 0, a1 = 1;
+    all = fgets(line, sizeof line, f) != NULL && sscanf(line, "%lu %lx %lx", &nr, &a0, &a1) == 3 &&
+          nr == (unsigned long)SYS_futex && a1 == 0;
+    fclose(f);
+  }
+  closedir(d);
+  return all;
+}
+
+int tu_quiesce_threads(void) {
+  for (int i = 0; i < 20000; i++) {
+    if (others_parked()) return 1;
+    usleep(500);
+  }
+  return 0;
+}
+
 int tu_run_in_child(int (*fn)(void *arg), void *arg) {
+#ifdef TU_ASAN
+  (void)tu_quiesce_threads();
+#endif
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();

@@ -247,6 +247,26 @@ void tu_env_clean(void);
  */
 int tu_run_in_child(int (*fn)(void *arg), void *arg);
 
+/* TU_ASAN: built with AddressSanitizer (GCC or Clang). */
+#if defined(__SANITIZE_ADDRESS__)
+#  define TU_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define TU_ASAN 1
+#  endif
+#endif
+
+/**
+ * Wait (up to 10 s) until every other thread of the process is parked in a shared FUTEX_WAIT
+ * (op 0: how the library's watcher threads sleep; glibc's and the sanitizers' own waits are
+ * private), where it holds no lock; returns 1 when they are, 0 on timeout. For a fork under
+ * ASan: GCC's libasan takes no allocator lock at fork, so a fork while another thread is inside
+ * malloc (a watcher starting, or reading /proc) leaves the child's allocator locked for good.
+ * tu_run_in_child calls it under ASan. (glibc's malloc takes its locks at fork: programs
+ * without ASan need none of this.)
+ */
+int tu_quiesce_threads(void);
+
 /** In a child: fail it (exit 1) with a message if cond is false. */
 #define TU_CHECK(cond)                                                                    \
   do {                                                                                    \
