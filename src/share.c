@@ -358,6 +358,10 @@ static int tick(gpumem__pshare *ps) {
 static void *watcher(void *arg) {
   gpumem__pshare *ps = arg;
   gpumem__pool *p = ps->p;
+  /* named for top -H, gdb and /proc/PID/task/TID/comm: "gpumem-watch/DEVICE" (at most 15 characters) */
+  char name[16];
+  snprintf(name, sizeof name, "gpumem-watch/%d", p->device);
+  (void)pthread_setname_np(pthread_self(), name);
   uint32_t interval = p->ctx->opt.watch_interval_ms;
   uint32_t timeout = interval != 0 ? interval : UINT32_MAX;
   _Atomic uint32_t *word = ps->L != NULL ? &ps->L->slots[ps->slot].ask : &ps->wake;

@@ -323,7 +323,30 @@ static int nthreads(void) {
   return n;
 }
 
-/* The watcher exists while the pool holds cached memory, and not at all with watch 0 and sharing off. */
+/* Threads named `name`. */
+static int named_threads(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  assert_non_null(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char path[96], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%.32s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    if (fgets(comm, sizeof comm, f) != NULL) {
+      comm[strcspn(comm, "\n")] = '\0';
+      n += strcmp(comm, name) == 0;
+    }
+    fclose(f);
+  }
+  closedir(d);
+  return n;
+}
+
+/* The watcher exists while the pool holds cached memory, and not at all with watch 0 and sharing off;
+ * it is named gpumem-watch/DEVICE. */
 static void test_watcher_life(void **state) {
   (void)state;
   int base = nthreads();
@@ -338,9 +361,12 @@ static void test_watcher_life(void **state) {
   assert_int_equal(gpumem_alloc(ctx, 0, 64 * MiB, NULL, &p), GPUMEM_OK); /* an exact fit: nothing cached yet */
   assert_int_equal(gpumem_free(ctx, p, NULL), GPUMEM_OK);                /* cached: the watcher starts */
   assert_int_equal(nthreads(), base + 1);
+  int polls = 0; /* (it names itself once it runs) */
+  while (named_threads("gpumem-watch/0") != 1 && polls++ < 5000) usleep(1000);
+  assert_int_equal(named_threads("gpumem-watch/0"), 1);
   uint64_t rel = 0;
   assert_int_equal(gpumem_trim(ctx, 0, 0, &rel), GPUMEM_OK); /* nothing cached: it ends at its next tick */
-  int polls = 0;
+  polls = 0;
   while (nthreads() != base && polls++ < 5000) usleep(1000);
   assert_int_equal(nthreads(), base);
   touch(ctx, 64 * MiB); /* cached again: started again */
