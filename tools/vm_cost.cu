@@ -7,7 +7,10 @@
 //
 // Prints, per call, the median and the largest time in microseconds over REPS calls, idle and busy
 // (each busy call is made right after launching a SPIN_MS kernel on its own non-blocking stream),
-// and how long the kernel had left when the call returned (a call that waited leaves it ~0).
+// and how long the kernel had left when the call returned (a call that waited leaves it ~0). Then,
+// for 8 chunks side by side with the GPU busy: the first and the following unmaps after one launch
+// (does only the first one wait?), and one cuMemSetAccess / cuMemUnmap over all 8 mappings (does
+// the driver take a range that spans several, and at what cost?).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -73,8 +76,9 @@ int main(int argc, char **argv) {
   CUmemAccessDesc acc = {};
   acc.location = prop.location;
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const int K = 8; /* chunks side by side for the batch rows */
   CUdeviceptr va;
-  CK(cuMemAddressReserve(&va, sz * 2, 0, 0, 0));
+  CK(cuMemAddressReserve(&va, sz * K, 0, 0, 0));
   int *flag = nullptr;
   if (cudaMalloc(&flag, sizeof *flag) != cudaSuccess) return 2;
   cudaStream_t s;
@@ -131,8 +135,55 @@ int main(int argc, char **argv) {
     row("cuMemUnmap", st_unmap, &left_unmap);
     row("cuMemRelease", st_release, nullptr);
   }
+  /* Batches, GPU busy: K chunks mapped side by side, then (a) unmapped one call each right after one
+   * kernel launch: does only the first call wait for it? (b) one cuMemSetAccess and one cuMemUnmap
+   * over the whole range of K mappings: does the driver take a range that spans several? */
+  {
+    Stat first, rest, span_access, span_unmap;
+    int span_ok = 1;
+    for (int i = 0; i < REPS; i++) {
+      std::vector<CUmemGenericAllocationHandle> hs(K);
+      for (int k = 0; k < K; k++) {
+        CK(cuMemCreate(&hs[k], sz, &prop, 0));
+        CK(cuMemMap(va + k * sz, sz, 0, hs[k], 0));
+      }
+      CK(cuMemSetAccess(va, sz * K, &acc, 1));
+      cudaStreamSynchronize(s);
+      cudaMemsetAsync(flag, 0, sizeof *flag, s);
+      spin<<<1, 1, 0, s>>>((unsigned long long)(spin_ms * 1e6), flag);
+      cudaStreamQuery(s);
+      for (int k = 0; k < K; k++) {
+        double t0 = now_us();
+        CK(cuMemUnmap(va + k * sz, sz));
+        (k == 0 ? first : rest).add(now_us() - t0);
+      }
+      cudaStreamSynchronize(s);
+      for (int k = 0; k < K; k++) CK(cuMemMap(va + k * sz, sz, 0, hs[k], 0));
+      cudaMemsetAsync(flag, 0, sizeof *flag, s);
+      spin<<<1, 1, 0, s>>>((unsigned long long)(spin_ms * 1e6), flag);
+      cudaStreamQuery(s);
+      double t0 = now_us();
+      CUresult ra = cuMemSetAccess(va, sz * K, &acc, 1);
+      span_access.add(now_us() - t0);
+      t0 = now_us();
+      CUresult ru = cuMemUnmap(va, sz * K);
+      span_unmap.add(now_us() - t0);
+      if (ra != CUDA_SUCCESS || ru != CUDA_SUCCESS) {
+        span_ok = 0;
+        for (int k = 0; k < K; k++) (void)cuMemUnmap(va + k * sz, sz);
+      }
+      cudaStreamSynchronize(s);
+      for (int k = 0; k < K; k++) CK(cuMemRelease(hs[k]));
+    }
+    std::printf("%-22s %-5s %10.1f %10.1f   (%d chunks, one kernel launch before the first)\n", "cuMemUnmap first", "busy",
+                first.med(), first.max(), K);
+    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemUnmap next ones", "busy", rest.med(), rest.max());
+    std::printf("%-22s %-5s %10.1f %10.1f   (one call over %d mappings: %s)\n", "cuMemSetAccess span", "busy",
+                span_access.med(), span_access.max(), K, span_ok ? "accepted" : "refused");
+    std::printf("%-22s %-5s %10.1f %10.1f\n", "cuMemUnmap span", "busy", span_unmap.med(), span_unmap.max());
+  }
   cudaStreamDestroy(s);
   cudaFree(flag);
-  CK(cuMemAddressFree(va, sz * 2));
+  CK(cuMemAddressFree(va, sz * K));
   return 0;
 }
