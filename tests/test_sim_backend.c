@@ -664,6 +664,50 @@ static void test_events_delayed(void **state) {
   assert_int_equal(be.event_destroy(&be, 1, d1), 0);
 }
 
+/* Clocked delayed mode: records carry the clock; complete_before completes those made before a
+ * clock, per stream in order; a stream keeps at most 1024 records pending; delayed mode off ends it. */
+static void test_events_clocked(void **state) {
+  (void)state;
+  gpumem_stream A = (gpumem_stream)(uintptr_t)0xA000, B = (gpumem_stream)(uintptr_t)0xB000;
+  gpumem_sim_set_delayed(1);
+  assert_int_equal(sim_up("1x1GiB", NULL), 0);
+  gpumem_event e1, e2, e3, e4;
+  assert_int_equal(be.event_create(&be, 0, &e1), 0);
+  assert_int_equal(be.event_create(&be, 0, &e2), 0);
+  assert_int_equal(be.event_create(&be, 0, &e3), 0);
+  assert_int_equal(be.event_create(&be, 0, &e4), 0);
+  gpumem_sim_set_clock(10);
+  assert_int_equal(be.event_record(&be, 0, e1, A), 0);
+  gpumem_sim_set_clock(20);
+  assert_int_equal(be.event_record(&be, 0, e2, B), 0);
+  assert_int_equal(be.event_record(&be, 0, e3, A), 0);
+  gpumem_sim_complete_before(10); /* nothing was recorded before 10 */
+  assert_false(done(0, e1));
+  gpumem_sim_complete_before(11);
+  assert_true(done(0, e1));
+  assert_false(done(0, e2));
+  assert_false(done(0, e3));
+  /* re-recording e1 at 30 moves it behind the clock again */
+  gpumem_sim_set_clock(30);
+  assert_int_equal(be.event_record(&be, 0, e1, A), 0);
+  gpumem_sim_complete_before(21);
+  assert_true(done(0, e2));
+  assert_true(done(0, e3));
+  assert_false(done(0, e1));
+  /* more than 1024 records pending on a stream: the oldest complete */
+  assert_int_equal(be.event_record(&be, 0, e4, B), 0); /* at 30 */
+  for (int i = 0; i < 1024; i++) assert_int_equal(be.event_record(&be, 0, e2, B), 0);
+  assert_true(done(0, e4));
+  assert_false(done(0, e2));
+  assert_false(done(0, e1));
+  /* delayed mode off completes everything and ends the clock */
+  gpumem_sim_set_delayed(0);
+  assert_true(done(0, e1));
+  assert_true(done(0, e2));
+  gpumem_event all[] = {e1, e2, e3, e4};
+  for (int i = 0; i < 4; i++) assert_int_equal(be.event_destroy(&be, 0, all[i]), 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Device reset                                                              */
 
@@ -1029,6 +1073,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_external_usage, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_immediate, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_delayed, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_events_clocked, setup, teardown),
     cmocka_unit_test_setup_teardown(test_device_reset, setup, teardown),
     cmocka_unit_test_setup_teardown(test_vm_roundtrip, setup, teardown),
     cmocka_unit_test_setup_teardown(test_fault_malloc_free, setup, teardown),

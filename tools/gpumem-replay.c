@@ -45,6 +45,7 @@ typedef struct options {
   int sample_used;
   int sample_every;
   size_t sim_lag;
+  size_t sim_behind;
   int warm;          /* --warm N: untimed passes in the same context before the timed one */
   int json;
   int no_vm_count;
@@ -178,6 +179,8 @@ static void usage(FILE *f) {
           "                   that made the backend allocate (its peak)\n"
           "  --sample-every   with --sample-used: read it after every allocation\n"
           "  --sim-lag N      sim: the device completes queued work only every N events (a GPU behind the host)\n"
+          "  --sim-behind N   sim: the device completes work N events after it was queued (a GPU a constant\n"
+          "                   distance behind the host)\n"
           "  --warm N         replay the trace N times untimed in the same context first (a warm pool, as in\n"
           "                   gpumem-bench's trace pattern); figures and vm calls are of the timed pass\n"
           "  --json           JSON output instead of the table\n"
@@ -222,15 +225,33 @@ static uint64_t used_now(gpumem_context *ctx, const char *backend, int device, u
   return used > base ? used - base : 0;
 }
 
-/* The events in order: each allocation into ptrs[slot], each free of it (its slot then NULL); with
- * lag, the simulated device completes queued work every lag events. Stops at the first failure: *at
- * is its event (n when none failed). */
+/* How the simulated device runs behind the host (sim only; 0 = not): --sim-lag completes all queued
+ * work every `lag` events, --sim-behind completes work `behind` events after it was queued (the
+ * clock counts events over every pass of the run). */
+typedef struct sim_model {
+  size_t lag, behind;
+  uint64_t clock;
+} sim_model;
+
+static void sim_before(sim_model *m) {
+  if (m->behind != 0) gpumem_sim_set_clock(m->clock);
+}
+
+static void sim_after(sim_model *m, size_t i) {
+  if (m->lag != 0 && i % m->lag == m->lag - 1) gpumem_sim_complete_all();
+  if (m->behind != 0 && ++m->clock > m->behind) gpumem_sim_complete_before(m->clock - m->behind);
+}
+
+/* The events in order: each allocation into ptrs[slot], each free of it (its slot then NULL), the
+ * simulated device behind the host as m says. Stops at the first failure: *at is its event (n when
+ * none failed). */
 static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_event *ev, size_t n, void **ptrs,
-                                   gpumem_stream *streams, size_t lag, size_t *at) {
+                                   gpumem_stream *streams, sim_model *m, size_t *at) {
   gpumem_status st = GPUMEM_OK;
   size_t i;
   for (i = 0; i < n; i++) {
     const tools_event *e = &ev[i];
+    sim_before(m);
     if (e->is_alloc) {
       st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
     } else {
@@ -238,7 +259,7 @@ static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_eve
       if (st == GPUMEM_OK) ptrs[e->slot] = NULL;
     }
     if (st != GPUMEM_OK) break;
-    if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
+    sim_after(m, i);
   }
   *at = i;
   return st;
@@ -264,10 +285,10 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   if (sample && strcmp(bname, "sim") != 0) base = used_now(ctx, bname, o->device, 0, &used_ok);
   uint64_t used_peak = 0, samples = 0, grows_seen = UINT64_MAX;
   int dev = o->device;
-  /* --sim-lag N: the simulated device completes queued work only every N
-   * events, as a GPU running behind the host does (sim only) */
-  size_t lag = !strcmp(bname, "sim") ? o->sim_lag : 0;
-  if (lag != 0) gpumem_sim_set_delayed(1);
+  /* --sim-lag N / --sim-behind N: the simulated device runs behind the host (sim only) */
+  const int is_sim = !strcmp(bname, "sim");
+  sim_model m = {is_sim ? o->sim_lag : 0, is_sim ? o->sim_behind : 0, 0};
+  if (m.lag != 0 || m.behind != 0) gpumem_sim_set_delayed(1);
   const tools_event *ev = t->events;
   size_t n = t->num_events;
   size_t i;
@@ -275,7 +296,7 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
    * that the timed pass (and its vm calls) start from a pool that holds the trace's memory, as in a
    * training loop's later steps and in gpumem-bench's trace pattern */
   for (int w = 0; w < o->warm && st == GPUMEM_OK; w++) {
-    st = replay_events(ctx, dev, ev, n, ptrs, streams, lag, &i);
+    st = replay_events(ctx, dev, ev, n, ptrs, streams, &m, &i);
     for (i = 0; i < n; i++) {
       const tools_event *e = &ev[i];
       if (e->is_alloc && ptrs[e->slot] != NULL) {
@@ -292,10 +313,11 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   if (o->warm > 0) memset(&g_vm, 0, sizeof g_vm);
   uint64_t t0 = tools_now_ns();
   if (!sample) {
-    st = replay_events(ctx, dev, ev, n, ptrs, streams, lag, &i);
+    st = replay_events(ctx, dev, ev, n, ptrs, streams, &m, &i);
   } else {
     for (i = 0; i < n; i++) {
       const tools_event *e = &ev[i];
+      sim_before(&m);
       if (e->is_alloc) {
         st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
         if (st != GPUMEM_OK) break;
@@ -309,10 +331,10 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
         st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
         if (st != GPUMEM_OK) break;
       }
-      if (lag != 0 && i % lag == lag - 1) gpumem_sim_complete_all();
+      sim_after(&m, i);
     }
   }
-  if (lag != 0) {
+  if (m.lag != 0 || m.behind != 0) {
     gpumem_sim_complete_all();
     gpumem_sim_set_delayed(0);
   }
@@ -439,6 +461,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--sample-used")) o.sample_used = 1;
     else if (!strcmp(a, "--sample-every")) o.sample_every = 1;
     else if (!strcmp(a, "--sim-lag") && i + 1 < argc) o.sim_lag = (size_t)strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(a, "--sim-behind") && i + 1 < argc) o.sim_behind = (size_t)strtoull(argv[++i], NULL, 10);
     else if (!strcmp(a, "--warm") && i + 1 < argc) o.warm = atoi(argv[++i]);
     else if (!strcmp(a, "--json")) o.json = 1;
     else if (!strcmp(a, "--no-vm-count")) o.no_vm_count = 1;

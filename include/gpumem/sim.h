@@ -80,6 +80,22 @@ GPUMEM_API void gpumem_sim_stream_complete(int device, gpumem_stream stream);
 GPUMEM_API void gpumem_sim_complete_all(void);
 
 /**
+ * \brief Clocked delayed mode: from now on, each event recorded in delayed mode carries the clock
+ *        `now` (any increasing count the caller keeps, as the number of operations so far), and
+ *        gpumem_sim_complete_before completes the work recorded before a given clock: a device
+ *        that runs a constant distance behind the host. gpumem_sim_set_delayed(0) ends it.
+ * Thread-safe.
+ */
+GPUMEM_API void gpumem_sim_set_clock(uint64_t now);
+
+/**
+ * \brief Clocked delayed mode: complete, on every stream of every device, the work recorded while
+ *        the clock was less than `t` (at most the last 1024 records of a stream stay pending).
+ * Thread-safe.
+ */
+GPUMEM_API void gpumem_sim_complete_before(uint64_t t);
+
+/**
  * \brief Bytes the sim backend has handed out on a visible device (plain and
  *        virtual-memory chunks), i.e. what a real device would show as used by this process.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_NO_BACKEND (sim not initialised).

@@ -216,7 +216,11 @@ typedef struct sim_stream {
   uint64_t cap_id;    /* the capture sequence's id, 0 with none */
   uint64_t cap_nodes; /* work items recorded into the capture */
   uintptr_t cap_thread; /* sim__self() of the thread that began it */
+  uint64_t *stamps;   /* clocked mode: the clock at each record, by target modulo SIM_RING (NULL until then) */
 } sim_stream;
+
+/* Records per stream whose clock the clocked mode remembers; older ones are complete. */
+#define SIM_RING 1024u
 
 typedef struct sim_event {
   int device;
@@ -327,6 +331,8 @@ static struct {
   int repeat[GPUMEM_SIM_CALL_KINDS_];
   int sticky[GPUMEM_SIM_CALL_KINDS_]; /* repeat fault has fired: fail every call */
   int delayed;
+  int clocked;    /* gpumem_sim_set_clock: records carry the clock (completed by gpumem_sim_complete_before) */
+  uint64_t clock;
   uint64_t next_capture_id; /* capture ids are unique in the process, across states */
   int no_relax;             /* gpumem_sim_set_capture_relax(0) */
 } g_ctl;
@@ -768,8 +774,13 @@ static void sim__state_free(void) {
     sim_device *d = &g.dev[i];
     sim__device_release_memory(d);
     for (size_t j = 0; j < d->streams.cap; j++)
-      if (d->streams.keys[j]) free((void *)d->streams.vals[j]);
+      if (d->streams.keys[j]) {
+        free(((sim_stream *)d->streams.vals[j])->stamps);
+        free((void *)d->streams.vals[j]);
+      }
     sim__map_free(&d->streams);
+    free(d->default_stream.stamps);
+    d->default_stream.stamps = NULL;
   }
   free(g.dev);
   g.dev = NULL;
@@ -1163,6 +1174,25 @@ static int sim_event_destroy(gpumem_backend *be, int device, gpumem_event ev) {
   return rc;
 }
 
+/* Clocked mode: remember the clock of the record just made on s (its target s->submitted). A
+ * stream with more than SIM_RING records pending has its oldest completed; without host memory for
+ * the ring, its work completes at once. Lock held. */
+static void sim__stamp(sim_stream *s) {
+  if (!g_ctl.clocked) return;
+  if (s->stamps == NULL && (s->stamps = calloc(SIM_RING, sizeof *s->stamps)) == NULL) {
+    s->completed = s->submitted;
+    return;
+  }
+  if (s->submitted - s->completed > SIM_RING) s->completed = s->submitted - SIM_RING;
+  s->stamps[s->submitted % SIM_RING] = g_ctl.clock;
+}
+
+/* Clocked mode: the records of s made before clock t are complete. Lock held. */
+static void sim__complete_before(sim_stream *s, uint64_t t) {
+  while (s->completed < s->submitted && (s->stamps == NULL || s->stamps[(s->completed + 1) % SIM_RING] < t))
+    s->completed++;
+}
+
 static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpumem_stream stream) {
   (void)be;
   int rc;
@@ -1181,8 +1211,12 @@ static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpu
       e->target = 0;
     } else {
       e->captured = 0;
-      if (g_ctl.delayed) s->submitted++;
-      else s->completed = s->submitted;
+      if (g_ctl.delayed) {
+        s->submitted++;
+        sim__stamp(s);
+      } else {
+        s->completed = s->submitted;
+      }
       e->stream = s;
       e->target = s->submitted;
     }
@@ -1673,7 +1707,28 @@ static void sim__complete_all_locked(void) {
 GPUMEM_API void gpumem_sim_set_delayed(int on) {
   pthread_mutex_lock(&g_lock);
   g_ctl.delayed = on != 0;
-  if (!on) sim__complete_all_locked(); /* immediate mode has no pending work */
+  if (!on) {
+    sim__complete_all_locked(); /* immediate mode has no pending work */
+    g_ctl.clocked = 0;
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+GPUMEM_API void gpumem_sim_set_clock(uint64_t now) {
+  pthread_mutex_lock(&g_lock);
+  g_ctl.clocked = 1;
+  g_ctl.clock = now;
+  pthread_mutex_unlock(&g_lock);
+}
+
+GPUMEM_API void gpumem_sim_complete_before(uint64_t t) {
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g.ndev; i++) {
+    sim_device *d = &g.dev[i];
+    sim__complete_before(&d->default_stream, t);
+    for (size_t j = 0; j < d->streams.cap; j++)
+      if (d->streams.keys[j]) sim__complete_before((sim_stream *)d->streams.vals[j], t);
+  }
   pthread_mutex_unlock(&g_lock);
 }
 
