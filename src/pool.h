@@ -24,14 +24,15 @@
  * Blocks coalesce only with neighbours in the same fidx (same state, same stream).
  *
  * Stream-ordered reuse: a free on S puts the block into S's own fidx and,
- * if S has no pending batch, "harvests" it (while the pool has seen only
+ * if S has no pending batch, "harvests" it (or, when S asks with batches
+ * pending, see stream_touch; while the pool has seen only
  * one stream, a "mark" instead: the event is recorded, the blocks stay in
  * S's fidx; see mark_record): one event recorded on S now
  * (later than every free in it, hence safe) and the whole fidx moved into a
  * pending batch (O(1): the fidx object changes hands). The backend is only
  * ever called with the stream of the current call (see stream_touch): an
  * application may destroy a stream right after freeing on it. An alloc on
- * T takes the smallest fit among T's fidx, T's pending batch and READY; on
+ * T takes the smallest fit among T's fidx, T's pending batches and READY; on
  * a miss it polls the pending batches (event_query) and, if other streams
  * hold free blocks, marks the pool "hungry" so that their next calls renew
  * their batches. Batches whose event completed move their blocks into
@@ -120,7 +121,8 @@ struct gpumem__segment {
 struct gpumem__srec {
   gpumem_stream stream;
   gpumem__fidx *idx;           /* its STREAM free blocks */
-  gpumem__batch *batches;      /* its pending batch (at most one) */
+  gpumem__batch *batches;      /* its pending batches, newest first (at most two, see stream_touch) */
+  uint64_t blocked;            /* pool->polls of the last poll that found its older batch pending */
   uint64_t fed;                /* pool->hungry when this stream was last harvested (see stream_touch) */
   uint64_t seq;                /* frees on this stream so far (block fseq) */
   uint64_t unasked;            /* bytes freed on it since its pending batch was last asked (see stream_touch) */
@@ -172,6 +174,7 @@ struct gpumem__pool {
   size_t nmarks;               /* streams with a pending mark */
   size_t reap_at;              /* scount at which the end of a free looks for idle records (stream_order.c) */
   uint64_t sweeps;             /* sweeps of the stream records so far */
+  uint64_t polls;              /* gpumem__poll_pending calls so far */
   gpumem__fidx *orphans;       /* free blocks of streams not named for a sweep, ready after a device
                                 * synchronisation (NULL until the first; never searched) */
   /* Frees of blocks noted on other streams (gpumem_record_stream), waiting for those streams'

@@ -246,6 +246,20 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   p->batch_free = b;
 }
 
+/* Every block of f (a stream's unbatched frees) joins pending batch b, whose event the caller has
+ * just recorded again after them (coalescing within b). */
+static void batch_join(gpumem__pool *p, gpumem__batch *b, gpumem__fidx *f) {
+  for (int c = 0; c < CLS_COUNT; c++) {
+    gpumem__tlsf *t = &f->t[c];
+    while (t->fl_bitmap != 0) {
+      int fl = ctz64(t->fl_bitmap);
+      gpumem__block *blk = t->heads[fl][__builtin_ctz(t->sl_bitmap[fl])];
+      idx_remove(p, blk);
+      insert_coalesce(p, b->idx, blk);
+    }
+  }
+}
+
 /* Single-stream marks. While a pool has seen one stream only, moving its
  * frees into batches would split its free space between fidx (worse fit,
  * less coalescing: plain-mode replays lost up to 25%), so the event is
@@ -310,12 +324,15 @@ static void poll_marks(gpumem__pool *p) {
 void gpumem__poll_pending(gpumem__pool *p) {
   if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_POLL);
   poll_marks(p);
+  /* oldest first; a stream's newer batch is not asked while its older one is still pending */
+  const uint64_t poll = ++p->polls;
   gpumem__batch *b = p->pending_head;
   while (b != NULL) {
     gpumem__batch *n = b->next;
-    if (b->has_ev) {
+    if (b->has_ev && b->srec->blocked != poll) {
       int done = 0;
       if (gpumem__be_event_query(p->ctx, p->device, b->ev, &done) == GPUMEM_OK && done) batch_complete(p, b);
+      else b->srec->blocked = poll;
     }
     b = n;
   }
@@ -338,16 +355,26 @@ static inline uint64_t ask_bytes(const gpumem__pool *p) {
  * destroyed by the application right after the call returns). So the batch
  * event covering frees on S is recorded on S during a free or an alloc on S,
  * never on behalf of another stream; other streams only query events that
- * were already recorded (event_query names no stream). At most one pending
- * batch per stream: events on one stream complete in order, and polling
- * then costs O(streams). Blocks freed on S while its batch is pending stay
- * unbatched (S may reuse them at once); a later call on S asks the pending
- * event only if some miss has happened since S was last harvested
- * (pool->hungry moved) or ask_bytes() were freed on S since the last ask,
- * and, once it completed, records a new batch. Blocks
- * of a stream that is never named again are recovered by a device
- * synchronisation (trim, reset, the out-of-memory and limit paths), which
- * makes every free block of the device READY. */
+ * were already recorded (event_query names no stream). Blocks freed on S
+ * stay unbatched in S's index (S may reuse them at once) until a call on S
+ * asks: when some miss has happened since S was last harvested
+ * (pool->hungry moved) or ask_bytes() were freed on S since the last ask.
+ * Then completed batches of S become READY, and the unbatched blocks get an
+ * event: a new batch while S has at most one pending, else they join the
+ * newer of its two pending batches, whose event is recorded again after them.
+ * At most two pending batches per stream: events on one stream complete in
+ * order (a poll does not ask S's newer batch while its older one is pending),
+ * so polling costs O(streams), and the older batch's event never moves, so it
+ * completes once the device gets there however much S keeps freeing. With a
+ * single batch, S's frees made while it was pending had no event until S's
+ * next call after it completed: a stream that went quiet (a side stream at
+ * the end of a step) kept them from the others until then, which with the
+ * device behind the host held multi-stream replays at 1.121 / 1.122 / 1.187
+ * (two models, loader, comm side stream; --sim-lag 64) against 1.096 / 1.038
+ * / 1.154 (docs/internals/HOT-PATH.md). Blocks of a stream that is never
+ * named again are recovered by a device synchronisation (trim, reset, the
+ * out-of-memory and limit paths), which makes every free block of the
+ * device READY. */
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
   r->sweep = p->sweeps; /* named by this call (see gpumem__srec_reap) */
   /* graph pools use no events; while a capture may be under way the stream may be the captured
@@ -364,10 +391,21 @@ void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
     /* no miss is waiting and little was freed since the last ask: do not ask */
     if (r->fed == p->hungry && r->unasked < ask_bytes(p)) return;
     r->unasked = 0;
+    /* the older one first: a stream's events complete in order */
+    gpumem__batch *old = b->snext != NULL ? b->snext : b;
     int done = 0;
-    if (!b->has_ev || gpumem__be_event_query(p->ctx, p->device, b->ev, &done) != GPUMEM_OK || !done) return;
-    batch_complete(p, b);
-    if (r->batches != NULL) return;
+    if (old->has_ev && gpumem__be_event_query(p->ctx, p->device, old->ev, &done) == GPUMEM_OK && done) {
+      batch_complete(p, old);
+      done = 0;
+      if (old != b && b->has_ev && gpumem__be_event_query(p->ctx, p->device, b->ev, &done) == GPUMEM_OK && done)
+        batch_complete(p, b);
+    }
+    b = r->batches;
+    if (b != NULL && b->snext != NULL) {
+      /* both pending: the newer one takes these frees too, its event recorded again after them */
+      if (b->has_ev && gpumem__be_event_record(p->ctx, p->device, b->ev, r->stream) == GPUMEM_OK) batch_join(p, b, r->idx);
+      return;
+    }
   }
   if (gpumem__harvest(p, r, 1) != NULL) {
     r->fed = p->hungry;

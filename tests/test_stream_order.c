@@ -308,6 +308,71 @@ static void test_large_frees_reach_other_streams(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A stream's last frees while its batch is still pending get an event of their own (a second
+ * batch): once A's work completed, they serve B although A makes no call after them. (With one
+ * batch per stream they stayed in A's index without an event until A's next call.) */
+static void test_tail_frees_reach_other_streams(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  const size_t n = 8 * TU_MiB;
+  void *x = NULL, *y = NULL, *p = NULL, *q = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SA, &x), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  y = second_stream(ctx);
+  gpumem_sim_set_delayed(1);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK); /* A's batch, pending */
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK); /* A's last free: asks, x's batch not done */
+  gpumem_sim_complete_all();                          /* A's work done; A makes no more calls */
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  print_message("B's block %s A's last freed block; reserved %llu -> %llu\n", overlaps(p, n, q, n) ? "inside" : "outside",
+                (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
+  assert_true(overlaps(p, n, q, n));
+  assert_true(after.reserved_bytes == before.reserved_bytes);
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
+/* With two batches pending, later frees join the newer one and its event is recorded again after
+ * them: none of those blocks serves another stream before the new record's work completed, even
+ * when the newer batch's first record has (a device a constant distance behind: the sim's clock). */
+static void test_joined_frees_wait_for_their_record(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  const size_t n = 8 * TU_MiB;
+  void *x = NULL, *y = NULL, *p1 = NULL, *p2 = NULL, *q[3] = {NULL, NULL, NULL};
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, SA, &x), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p1), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p2), GPUMEM_OK);
+  y = second_stream(ctx);
+  gpumem_sim_set_delayed(1);
+  gpumem_sim_set_clock(1);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);  /* batch 1, recorded at 1 */
+  gpumem_sim_set_clock(2);
+  assert_status(gpumem_free(ctx, p1, SA), GPUMEM_OK); /* batch 2, recorded at 2 */
+  gpumem_sim_set_clock(3);
+  assert_status(gpumem_free(ctx, p2, SA), GPUMEM_OK); /* joins batch 2, recorded again at 3 */
+  gpumem_sim_complete_before(3);                       /* the records at 1 and 2 are done, not the one at 3 */
+  for (int i = 0; i < 3; i++) assert_status(gpumem_alloc(ctx, 0, n, SB, &q[i]), GPUMEM_OK);
+  for (int i = 0; i < 3; i++) {
+    assert_false(overlaps(p1, n, q[i], n));
+    assert_false(overlaps(p2, n, q[i], n));
+  }
+  for (int i = 0; i < 3; i++) assert_status(gpumem_free(ctx, q[i], SB), GPUMEM_OK);
+  gpumem_sim_complete_all(); /* now they are done: B may have them */
+  gpumem_sim_set_delayed(0);
+  void *r = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 2 * n, SC, &r), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, r, SC), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 /* A miss of another stream (an allocation that would map new memory) makes the next free on A ask
  * A's pending batch even when A freed little since: A's earlier frees then serve other streams. */
 static void test_miss_makes_a_stream_ask(void **state) {
@@ -357,6 +422,8 @@ int main(void) {
       TU_TEST(test_short_program_hands_over_after_completion),
       TU_TEST(test_long_single_stream_run_never_hands_over_early),
       TU_TEST(test_large_frees_reach_other_streams),
+      TU_TEST(test_tail_frees_reach_other_streams),
+      TU_TEST(test_joined_frees_wait_for_their_record),
       TU_TEST(test_miss_makes_a_stream_ask),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

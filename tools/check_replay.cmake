@@ -1,13 +1,15 @@
 # check_replay.cmake: run gpumem-replay --json on one trace and check its figures against bounds.
-#   cmake -DREPLAY=<gpumem-replay> -DTRACE=<trace> -DMAX_RATIO=1.07 -DMAX_UNMAP=1000 [-DWARM=N] -P check_replay.cmake
+#   cmake -DREPLAY=<gpumem-replay> -DTRACE=<trace> -DMAX_RATIO=1.07 -DMAX_UNMAP=1000 [-DWARM=N] [-DEXTRA=ARGS]
+#         -P check_replay.cmake
 # Fails when the reserved/live ratio or the virtual-memory unmap count passes its bound. WARM: the
-# figures are of the pass after N untimed ones in the same context (gpumem-replay --warm N).
+# figures are of the pass after N untimed ones in the same context (gpumem-replay --warm N). EXTRA:
+# more gpumem-replay options, a ;-list (as --sim-lag;64).
 cmake_minimum_required(VERSION 3.19) # string(JSON)
 set(warm_args)
-if(DEFINED WARM)
+if(DEFINED WARM AND NOT WARM STREQUAL "")
   set(warm_args --warm ${WARM})
 endif()
-execute_process(COMMAND "${REPLAY}" --json ${warm_args} "${TRACE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+execute_process(COMMAND "${REPLAY}" --json ${warm_args} ${EXTRA} "${TRACE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
                 ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "gpumem-replay failed (${rc}): ${err}")
