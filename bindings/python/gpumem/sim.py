@@ -19,7 +19,8 @@ __all__ = [
     "ERR_INVALID_VALUE", "ERR_OUT_OF_MEMORY", "ERR_BAD_ENV", "ERR_NO_DEVICE",
     "ERR_INVALID_DEVICE", "ERR_INJECTED",
     "available", "fail_nth", "fail_clear", "call_count", "set_delayed",
-    "stream_complete", "complete_all", "used_bytes", "set_external_usage", "reinit",
+    "stream_complete", "complete_all", "set_clock", "complete_before", "used_bytes",
+    "set_external_usage", "reinit",
 ]
 
 CALL_MALLOC, CALL_FREE, CALL_EVENT, CALL_INFO, CALL_SYNC, CALL_MAP = range(6)
@@ -73,6 +74,18 @@ def stream_complete(device: int = -1, stream: StreamLike = None) -> None:
 def complete_all() -> None:
     """Complete all work on every stream of every device."""
     capi.lib.gpumem_sim_complete_all()
+
+
+def set_clock(now: int) -> None:
+    """Clocked delayed mode: events recorded from now on carry the clock ``now`` (a count the caller
+    keeps increasing); :func:`complete_before` completes what was recorded before a clock, as a
+    device a constant distance behind the host. ``set_delayed(False)`` ends it."""
+    capi.lib.gpumem_sim_set_clock(_u64(now, "now"))
+
+
+def complete_before(clock: int) -> None:
+    """Clocked delayed mode: complete the work recorded while the clock was less than ``clock``."""
+    capi.lib.gpumem_sim_complete_before(_u64(clock, "clock"))
 
 
 def used_bytes(device: int = 0) -> int:

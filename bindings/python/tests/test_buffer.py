@@ -142,6 +142,26 @@ def test_stream_ordered_reuse_on_sim(sim_ctx, sim_faults):
         sim_faults.set_delayed(False)
 
 
+def test_clocked_sim_device_behind(sim_ctx, sim_faults):
+    """With the sim a constant distance behind (clocked mode), a block freed on S serves T only once
+    the work recorded at its free has completed."""
+    sim_faults.set_delayed(True)
+    try:
+        sim_faults.set_clock(1)
+        a = sim_ctx.alloc(MiB, stream=0x1000)
+        p = a.ptr
+        a.free()
+        sim_faults.complete_before(1)  # nothing recorded before clock 1
+        b = sim_ctx.alloc(MiB, stream=0x2000)
+        assert b.ptr != p
+        b.free()
+        with pytest.raises(gpumem.InvalidArgumentError):
+            sim_faults.set_clock(-1)
+    finally:
+        sim_faults.complete_all()
+        sim_faults.set_delayed(False)
+
+
 def test_tagged_alloc(ctx):
     with ctx.alloc(128, tag="activations") as buf:
         assert ctx.ptr_info(buf.ptr)[0] == 128
