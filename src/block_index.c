@@ -44,11 +44,10 @@ void gpumem__fidx_recycle(gpumem__pool *p, gpumem__fidx *f) {
   p->ffree = f;
 }
 
-/* Move every block of f into READY (coalescing). The blocks go in the order
- * of f's buckets, each bucket's list from its head; f's lists are not
- * unlinked one block at a time but dropped whole (f ends empty). */
-void gpumem__drain_to_ready(gpumem__pool *p, gpumem__fidx *f) {
-  gpumem__fidx *ready = p->ready;
+/* Move every block of f into `to` (another free set: READY, a pending batch, the orphans),
+ * coalescing there. The blocks go in the order of f's buckets, each bucket's list from its head;
+ * f's lists are not unlinked one block at a time but dropped whole (f ends empty). */
+void gpumem__drain_to(gpumem__pool *p, gpumem__fidx *f, gpumem__fidx *to) {
   for (int c = 0; c < CLS_COUNT; c++) {
     gpumem__tlsf *t = &f->t[c];
     uint64_t fls = t->fl_bitmap;
@@ -62,10 +61,10 @@ void gpumem__drain_to_ready(gpumem__pool *p, gpumem__fidx *f) {
         gpumem__block *b = t->heads[fl][sl], *n;
         t->heads[fl][sl] = NULL;
         for (; b != NULL; b = n) {
-          n = b->fnext; /* b's merges touch READY blocks only, never f's */
+          n = b->fnext; /* b's merges touch blocks of `to` only, never f's */
           b->fprev = b->fnext = NULL;
           b->idx = NULL;
-          insert_coalesce(p, ready, b);
+          insert_coalesce(p, to, b);
         }
       }
       t->sl_bitmap[fl] = 0;

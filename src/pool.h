@@ -241,7 +241,8 @@ static inline uint64_t cached_bytes(const gpumem__pool *p) { return p->st.reserv
 void gpumem__fidx_clear(gpumem__fidx *f, int kind);
 gpumem__fidx *gpumem__fidx_new(gpumem__pool *p, int kind);
 void gpumem__fidx_recycle(gpumem__pool *p, gpumem__fidx *f);
-void gpumem__drain_to_ready(gpumem__pool *p, gpumem__fidx *f);
+void gpumem__drain_to(gpumem__pool *p, gpumem__fidx *f, gpumem__fidx *to);
+static inline void gpumem__drain_to_ready(gpumem__pool *p, gpumem__fidx *f) { gpumem__drain_to(p, f, p->ready); }
 
 /* stream_order.c: stream records, events, pending batches, the solo path */
 gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s);

@@ -73,16 +73,7 @@ static int srec_orphan(gpumem__pool *p, gpumem__srec *r) {
   if (r->idx->nblocks == 0 || r->batches != NULL || r->has_mark || r == p->solo_r || p->graph) return 0;
   if (r->sweep == p->sweeps) return 0; /* named since the last sweep: it may be named again soon */
   if (p->orphans == NULL && (p->orphans = gpumem__fidx_new(p, IDX_ORPHAN)) == NULL) return 0;
-  gpumem__fidx *f = r->idx;
-  for (int c = 0; c < CLS_COUNT; c++) {
-    gpumem__tlsf *t = &f->t[c];
-    while (t->fl_bitmap != 0) {
-      int fl = ctz64(t->fl_bitmap);
-      gpumem__block *b = t->heads[fl][__builtin_ctz(t->sl_bitmap[fl])];
-      idx_remove(p, b);
-      insert_coalesce(p, p->orphans, b);
-    }
-  }
+  gpumem__drain_to(p, r->idx, p->orphans);
   return 1;
 }
 
@@ -246,20 +237,6 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   p->batch_free = b;
 }
 
-/* Every block of f (a stream's unbatched frees) joins pending batch b, whose event the caller has
- * just recorded again after them (coalescing within b). */
-static void batch_join(gpumem__pool *p, gpumem__batch *b, gpumem__fidx *f) {
-  for (int c = 0; c < CLS_COUNT; c++) {
-    gpumem__tlsf *t = &f->t[c];
-    while (t->fl_bitmap != 0) {
-      int fl = ctz64(t->fl_bitmap);
-      gpumem__block *blk = t->heads[fl][__builtin_ctz(t->sl_bitmap[fl])];
-      idx_remove(p, blk);
-      insert_coalesce(p, b->idx, blk);
-    }
-  }
-}
-
 /* Single-stream marks. While a pool has seen one stream only, moving its
  * frees into batches would split its free space between fidx (worse fit,
  * less coalescing: plain-mode replays lost up to 25%), so the event is
@@ -403,7 +380,8 @@ void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
     b = r->batches;
     if (b != NULL && b->snext != NULL) {
       /* both pending: the newer one takes these frees too, its event recorded again after them */
-      if (b->has_ev && gpumem__be_event_record(p->ctx, p->device, b->ev, r->stream) == GPUMEM_OK) batch_join(p, b, r->idx);
+      if (b->has_ev && gpumem__be_event_record(p->ctx, p->device, b->ev, r->stream) == GPUMEM_OK)
+        gpumem__drain_to(p, r->idx, b->idx);
       return;
     }
   }
