@@ -275,6 +275,22 @@ static void *second_stream(gpumem_context *ctx) {
   return y;
 }
 
+/* B allocates n bytes: its block lies inside one of A's k freed blocks of n bytes, and the pool does
+ * not grow for it. Returns B's block. */
+static void *b_takes_a_block(gpumem_context *ctx, void *const *freed, int k, size_t n) {
+  void *q = NULL;
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  int reused = 0;
+  for (int i = 0; i < k; i++) reused |= overlaps(freed[i], n, q, n);
+  print_message("B's block %s A's freed blocks; reserved %llu -> %llu\n", reused ? "inside" : "outside",
+                (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
+  assert_true(reused);
+  assert_true(after.reserved_bytes == before.reserved_bytes);
+  return q;
+}
+
 /* Frees on a stream whose earlier batch is still pending are asked about once enough was freed
  * (a 128th of the pool, at least 2 MiB), not only after another stream missed: blocks A freed
  * while nothing else ran serve B once A's work completed, and the pool does not grow for B. */
@@ -293,15 +309,7 @@ static void test_large_frees_reach_other_streams(void **state) {
   gpumem_sim_complete_all();                          /* done on the device; nobody asked yet */
   for (int i = 0; i < K; i++) assert_status(gpumem_free(ctx, p[i], SA), GPUMEM_OK);
   gpumem_sim_complete_all();
-  gpumem_stats before = tu_stats(ctx, 0);
-  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
-  gpumem_stats after = tu_stats(ctx, 0);
-  int reused = 0;
-  for (int i = 0; i < K; i++) reused |= overlaps(p[i], n, q, n);
-  print_message("B's block %s A's freed blocks; reserved %llu -> %llu\n", reused ? "inside" : "outside",
-                (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
-  assert_true(reused);
-  assert_true(after.reserved_bytes == before.reserved_bytes);
+  q = b_takes_a_block(ctx, p, K, n);
   assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
   assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
   gpumem_sim_complete_all();
@@ -324,13 +332,7 @@ static void test_tail_frees_reach_other_streams(void **state) {
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK); /* A's batch, pending */
   assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK); /* A's last free: asks, x's batch not done */
   gpumem_sim_complete_all();                          /* A's work done; A makes no more calls */
-  gpumem_stats before = tu_stats(ctx, 0);
-  assert_status(gpumem_alloc(ctx, 0, n, SB, &q), GPUMEM_OK);
-  gpumem_stats after = tu_stats(ctx, 0);
-  print_message("B's block %s A's last freed block; reserved %llu -> %llu\n", overlaps(p, n, q, n) ? "inside" : "outside",
-                (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
-  assert_true(overlaps(p, n, q, n));
-  assert_true(after.reserved_bytes == before.reserved_bytes);
+  q = b_takes_a_block(ctx, &p, 1, n);
   assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
   assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
   gpumem_sim_complete_all();
