@@ -314,36 +314,18 @@ static void test_private_device(void **state) {
 }
 
 static int nthreads(void) {
-  DIR *d = opendir("/proc/self/task");
-  assert_non_null(d);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
-  closedir(d);
+  int n = tu_count_threads(NULL, NULL, NULL);
+  assert_true(n > 0);
   return n;
 }
 
-/* Threads named `name`. */
-static int named_threads(const char *name) {
-  DIR *d = opendir("/proc/self/task");
-  assert_non_null(d);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] == '.') continue;
-    char path[96], comm[32] = "";
-    snprintf(path, sizeof path, "/proc/self/task/%.32s/comm", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) continue;
-    if (fgets(comm, sizeof comm, f) != NULL) {
-      comm[strcspn(comm, "\n")] = '\0';
-      n += strcmp(comm, name) == 0;
-    }
-    fclose(f);
-  }
-  closedir(d);
-  return n;
+static int comm_is(long tid, const char *line, void *name) {
+  (void)tid;
+  return strcmp(line, name) == 0;
 }
+
+/* Threads named `name`. */
+static int named_threads(const char *name) { return tu_count_threads("comm", comm_is, (void *)name); }
 
 /* The watcher exists while the pool holds cached memory, and not at all with watch 0 and sharing off;
  * it is named gpumem-watch/DEVICE. */

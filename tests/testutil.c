@@ -558,31 +558,41 @@ void tu_child_fail(const char *file, int line, const char *fmt, ...) {
   _exit(1);
 }
 
-static int others_parked(void) {
+int tu_count_threads(const char *file, int (*match)(long tid, const char *line, void *arg), void *arg) {
   DIR *d = opendir("/proc/self/task");
-  if (d == NULL) return 0;
-  int all = 1;
+  if (d == NULL) return -1;
+  int n = 0;
   struct dirent *e;
-  char self[32];
-  snprintf(self, sizeof self, "%ld", (long)syscall(SYS_gettid));
-  while (all && (e = readdir(d)) != NULL) {
-    if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0) continue;
-    char path[96], line[256] = "";
-    snprintf(path, sizeof path, "/proc/self/task/%.32s/syscall", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) continue; /* (a thread that just ended) */
-    unsigned long nr = 0, a0 = 0, a1 = 1;
-    all = fgets(line, sizeof line, f) != NULL && sscanf(line, "%lu %lx %lx", &nr, &a0, &a1) == 3 &&
-          nr == (unsigned long)SYS_futex && a1 == 0;
-    fclose(f);
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char line[256] = "";
+    if (file != NULL) {
+      char path[96];
+      snprintf(path, sizeof path, "/proc/self/task/%.32s/%s", e->d_name, file);
+      FILE *f = fopen(path, "r");
+      if (f == NULL) continue; /* (a thread that just ended) */
+      int got = fgets(line, sizeof line, f) != NULL;
+      fclose(f);
+      if (!got) continue;
+      line[strcspn(line, "\n")] = '\0';
+    }
+    n += match == NULL || match(strtol(e->d_name, NULL, 10), line, arg);
   }
   closedir(d);
-  return all;
+  return n;
+}
+
+/* Another thread, not parked in a shared FUTEX_WAIT (its syscall line: number, then arguments). */
+static int not_parked(long tid, const char *line, void *arg) {
+  (void)arg;
+  if (tid == (long)syscall(SYS_gettid)) return 0;
+  unsigned long nr = 0, a0 = 0, a1 = 1;
+  return !(sscanf(line, "%lu %lx %lx", &nr, &a0, &a1) == 3 && nr == (unsigned long)SYS_futex && a1 == 0);
 }
 
 int tu_quiesce_threads(void) {
   for (int i = 0; i < 20000; i++) {
-    if (others_parked()) return 1;
+    if (tu_count_threads("syscall", not_parked, NULL) == 0) return 1;
     usleep(500);
   }
   return 0;

@@ -267,6 +267,13 @@ int tu_run_in_child(int (*fn)(void *arg), void *arg);
  */
 int tu_quiesce_threads(void);
 
+/**
+ * Threads of this process (/proc/self/task) for which match(tid, line, arg) returns nonzero, where
+ * line is the first line of /proc/self/task/TID/FILE without its newline (FILE NULL: line is "",
+ * nothing is read; match NULL: every thread counts). -1 when /proc cannot be read.
+ */
+int tu_count_threads(const char *file, int (*match)(long tid, const char *line, void *arg), void *arg);
+
 /** In a child: fail it (exit 1) with a message if cond is false. */
 #define TU_CHECK(cond)                                                                    \
   do {                                                                                    \
