@@ -45,8 +45,9 @@
 #define FINE_NS ((uint64_t)10 * 1000000000u)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16
-/* Moves of idle chunks after which the allowance above the live peak grows (see fill). A workload whose steady state keeps moving chunks (each move is an unmap and a map,
- * on CUDA tens of microseconds, and an unmap waits for the device's page tables) buys its way
+/* Moves of idle chunks after which the allowance above the live peak grows (see fill). A workload
+ * whose steady state keeps moving chunks (each move is an unmap, a map and a set-access: on an H200
+ * about 60 us of host time idle and 120-330 us while kernels run; none waits for queued work) buys its way
  * out with memory; a workload that moves little stays at the peak. Fewer moves per raise buy
  * more memory sooner, more moves per raise leave more moves (figures: docs/internals/HOT-PATH.md). */
 #define MOVES_PER_RAISE 16
