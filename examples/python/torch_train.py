@@ -18,8 +18,12 @@ Allocators: ``torch`` (PyTorch's caching allocator as installed), ``expandable``
 (the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) and
 ``gpumem`` (``gpumem.torch.enable()``). Models: ``resnet18``/``resnet50``
 (torchvision's when installed, else the same architecture written here) on
-random images, and ``transformer`` (a GPT-style decoder, 12 layers, d=768,
-sequence 512) on random tokens, trained in bf16 autocast with AdamW.
+random images, ``transformer`` (a GPT-style decoder, 12 layers, d=768,
+sequence 512) on random tokens, trained in bf16 autocast with AdamW, and
+``transformer_dyn``, the same decoder with dynamic shapes: every step draws its
+batch (from half to twice ``--batch``) and its sequence length (from a quarter
+of ``--seq`` to all of it) from the seeded generator, as training on batches of
+variable-length text does, so that every tensor of the step changes size.
 
 Printed per run: the loss of every step, the median step time after 3 warm-up
 steps, and the peaks of ``torch.cuda.max_memory_allocated`` and
@@ -43,7 +47,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 BINDINGS = os.path.abspath(os.path.join(HERE, os.pardir, os.pardir, "bindings", "python"))
 ALLOCATORS = ("torch", "expandable", "gpumem", "gpumem-plain")
-MODELS = ("resnet18", "resnet50", "transformer")
+MODELS = ("resnet18", "resnet50", "transformer", "transformer_dyn")
 MiB = 1 << 20
 
 
@@ -156,11 +160,20 @@ def train(args) -> dict:
     gen = torch.Generator().manual_seed(args.seed + 1)
     dev = torch.device("cuda", 0)
 
-    if args.model == "transformer":
+    if args.model.startswith("transformer"):
         vocab, seq = 32768, args.seq
         model, arch = _transformer(torch, vocab, 768, 12, 12, seq)
-        xs = torch.randint(0, vocab, (args.steps, args.batch, seq + 1), generator=gen)
-        batches = [(xs[s, :, :-1], xs[s, :, 1:]) for s in range(args.steps)]
+        if args.model == "transformer_dyn":
+            # the same draws in every run: the shapes, and so the allocations, repeat across allocators
+            shapes = [(int(torch.randint(max(1, args.batch // 2), 2 * args.batch + 1, (1,), generator=gen)),
+                       int(torch.randint(max(1, seq // 4), seq + 1, (1,), generator=gen))) for _ in range(args.steps)]
+            xs = [torch.randint(0, vocab, (b, t + 1), generator=gen) for b, t in shapes]
+            batches = [(x[:, :-1], x[:, 1:]) for x in xs]
+            arch += ", batch %d-%d, sequence %d-%d per step" % (max(1, args.batch // 2), 2 * args.batch,
+                                                                max(1, seq // 4), seq)
+        else:
+            xs = torch.randint(0, vocab, (args.steps, args.batch, seq + 1), generator=gen)
+            batches = [(xs[s, :, :-1], xs[s, :, 1:]) for s in range(args.steps)]
         model = model.to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
@@ -216,6 +229,7 @@ def train(args) -> dict:
         "losses": losses,
         "losses_hex": [float.hex(v) for v in losses],
         "median_step_ms": warm[len(warm) // 2] * 1e3,
+        "total_step_ms": sum(warm) * 1e3,  # after the warm-up steps: with dynamic shapes, every step counts
         "max_memory_allocated": torch.cuda.max_memory_allocated(0),
         "max_memory_reserved": torch.cuda.max_memory_reserved(0),
         "allocator_backend": torch.cuda.get_allocator_backend(),
@@ -226,9 +240,9 @@ def compare(paths) -> int:
     runs = [json.load(open(p)) for p in paths]
     base = runs[0]
     status = 0
-    print("| model | allocator | losses vs %s (first run) | median step | peak allocated | peak reserved | reserved / allocated |"
+    print("| model | allocator | losses vs %s (first run) | median step | steps after warm-up, total | peak allocated | peak reserved | reserved / allocated |"
           % base["allocator"])
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(runs):
         a, b = base["losses"], r["losses"]
         if i == 0:
@@ -243,8 +257,9 @@ def compare(paths) -> int:
             verdict = "%s: %d/%d bitwise equal, max rel diff %.2g" % ("MATCH" if ok else "MISMATCH", exact, len(a), max_rel)
             status |= 0 if ok else 1
         label = r["allocator"] + (" (again)" if any(q["allocator"] == r["allocator"] for q in runs[:i]) else "")
-        print("| %s | %s | %s | %.2f ms | %.0f MiB | %.0f MiB | %.3f |" % (
-            r["model"], label, verdict, r["median_step_ms"], r["max_memory_allocated"] / MiB,
+        print("| %s | %s | %s | %.2f ms | %.1f ms | %.0f MiB | %.0f MiB | %.3f |" % (
+            r["model"], label, verdict, r["median_step_ms"], r.get("total_step_ms", float("nan")),
+            r["max_memory_allocated"] / MiB,
             r["max_memory_reserved"] / MiB, r["max_memory_reserved"] / max(r["max_memory_allocated"], 1)))
     return status
 
@@ -302,9 +317,9 @@ def main() -> int:
     if args.all:
         return run_all(args)
     if args.batch is None:
-        args.batch = 8 if args.model == "transformer" else 64
+        args.batch = 8 if args.model.startswith("transformer") else 64
     if args.lr is None:
-        args.lr = 3e-4 if args.model == "transformer" else 0.01
+        args.lr = 3e-4 if args.model.startswith("transformer") else 0.01
     result = train(args)
     print("median step %.2f ms, max_memory_allocated %.0f MiB, max_memory_reserved %.0f MiB %s" % (
         result["median_step_ms"], result["max_memory_allocated"] / MiB, result["max_memory_reserved"] / MiB,
