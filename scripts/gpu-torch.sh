@@ -9,7 +9,7 @@
 #   build    scripts/gpu-suite.sh's build stage (CUDA backend, tests/gpu) into build-gpu
 #   record   tests/gpu/gpu_record_stream: gpumem_record_stream while a kernel still reads
 #   parity   examples/python/torch_parity.py: every promise, PyTorch's allocator vs gpumem
-#   train    examples/python/torch_train.py --all resnet50 transformer: losses, step time and
+#   train    examples/python/torch_train.py --all resnet50 transformer transformer_dyn: losses, step time and
 #            peaks with PyTorch's allocator, expandable_segments:True and gpumem
 #   cupy     examples/python/cupy_check.py
 # PARITY_CHECKS / TRAIN_MODELS narrow the parity checks / the models trained.
@@ -51,7 +51,7 @@ want record && part record 120 "$BUILD/tests/gpu/gpu_record_stream"
 # shellcheck disable=SC2086
 want parity && part parity 400 python3 examples/python/torch_parity.py ${PARITY_CHECKS:-}
 # shellcheck disable=SC2086
-want train && part train 400 python3 examples/python/torch_train.py --all ${TRAIN_MODELS:-resnet50 transformer} \
+want train && part train 400 python3 examples/python/torch_train.py --all ${TRAIN_MODELS:-resnet50 transformer transformer_dyn} \
   --out-dir "$OUT/train"
 [ -d "$OUT/train" ] && tar -C "$OUT" -czf "$OUT/train.tgz" train && rm -rf "$OUT/train"
 want cupy && part cupy 120 python3 examples/python/cupy_check.py
