@@ -58,6 +58,37 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
   return t;
 }
 
+/* Like take(), for READY block b of an expandable segment, at addr inside it: what lies before and
+ * after the new block stays READY. Two blocks must be reserved. */
+static gpumem__block *vm_take_at(gpumem__pool *p, gpumem__block *b, uintptr_t addr, size_t rsize) {
+  if (addr == b->addr) {
+    take(p, b, rsize);
+    return b;
+  }
+  if (addr + rsize == b->addr + b->size) return vm_take_end(p, b, rsize);
+  gpumem__fidx *f = b->idx;
+  idx_remove(p, b);
+  gpumem__block *t = block_new(p), *u = block_new(p);
+  t->addr = addr;
+  t->size = rsize;
+  t->seg = b->seg;
+  u->addr = addr + rsize;
+  u->size = b->addr + b->size - u->addr;
+  u->seg = b->seg;
+  u->fseq = b->fseq;
+  u->next = b->next;
+  if (b->next != NULL) b->next->prev = u;
+  u->prev = t;
+  t->next = u;
+  t->prev = b;
+  b->next = t;
+  b->size = addr - b->addr;
+  idx_insert(p, f, b);
+  idx_insert(p, f, u);
+  gpumem__vm_busy(t->seg->vm, t->addr, rsize, +1);
+  return t;
+}
+
 /* Placement in expandable segments: among up to VM_CANDIDATES free blocks
  * of each searched fidx that fit (from the request's own bucket upwards),
  * the one whose start (or, for READY blocks, end) costs least: granules
@@ -206,6 +237,48 @@ static void vm_search(gpumem__pool *p, gpumem__srec *r, vm_pick *k) {
   if (!done) vm_consider_ready(p->ready, k);
 }
 
+/* Large requests that would map memory also look inside READY blocks, not only at their two ends
+ * (vm_search): the lowest-cost granule-aligned window of up to VM_WINDOW_BLOCKS READY blocks that
+ * fit. With dynamic shapes the large blocks change size every step, and the mapped memory a freed
+ * one leaves lies inside a larger free block, away from its ends: without this, the next large
+ * block is placed at an end and chunks are moved to it. The scan is one pass over the granules up
+ * to the highest ever mapped (gpumem__vm_best_window), made only before backend calls. */
+#define VM_WINDOW_MIN ((size_t)64 << 20)
+#define VM_WINDOW_BLOCKS 16
+/* granules looked at per search, at most (64 GiB of address range: some tens of microseconds, a
+ * driver call's worth, in the worst case; the mapped range of most pools is far smaller) */
+#define VM_WINDOW_SCAN 32768
+
+/* The READY block and start (*at) of the lowest-cost window, if any costs less than k->fresh. */
+static gpumem__block *vm_window(gpumem__pool *p, const vm_pick *k, uintptr_t *at) {
+  gpumem__fidx *f = p->ready;
+  gpumem__block *best = NULL;
+  size_t cap = k->fresh, budget = VM_WINDOW_SCAN;
+  int seen = 0;
+  for (int ci = 0; ci < 2 && seen < VM_WINDOW_BLOCKS; ci++) {
+    if (ci == 1 && k->rcls == CLS_MIXED) break;
+    gpumem__tlsf *t = &f->t[ci == 0 ? k->rcls : CLS_MIXED];
+    for (int fl = k->fl0; fl < TLSF_FL && seen < VM_WINDOW_BLOCKS; fl++) {
+      if (((t->fl_bitmap >> fl) & 1) == 0) continue;
+      for (int sl = fl == k->fl0 ? k->sl0 : 0; sl < TLSF_SL && seen < VM_WINDOW_BLOCKS && budget > 0; sl++) {
+        for (gpumem__block *b = t->heads[fl][sl]; b != NULL && seen < VM_WINDOW_BLOCKS && budget > 0; b = b->fnext) {
+          if (b->size < k->rsize || b->seg->kind != SEG_VM || (k->clean_only && b->seg->solo_era)) continue;
+          seen++;
+          uintptr_t a = 0;
+          size_t c = 0;
+          if (gpumem__vm_best_window(b->seg->vm, b->addr, b->addr + b->size - k->rsize, k->rsize, cap, &budget, &a,
+                                     &c)) {
+            best = b;
+            cap = c;
+            *at = a;
+          }
+        }
+      }
+    }
+  }
+  return best;
+}
+
 /* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
 static inline size_t vm_pick_need(const vm_pick *k) {
   if (k->best == NULL) return 1;
@@ -345,8 +418,15 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       need = vm_pick_need(&k);
       if (need > 0 && p->scount > 1) p->hungry++; /* other streams: harvest at their next call */
     }
+    gpumem__block *wb = NULL; /* a window inside a READY block (vm_window), at wat */
+    uintptr_t wat = 0;
+    if (need > 0 && b != NULL && rsize >= VM_WINDOW_MIN && (wb = vm_window(p, &k, &wat)) != NULL) {
+      b = wb;
+      need = gpumem__vm_unmapped(b->seg->vm, wat, rsize);
+    }
     if (b != NULL && need == 0) { /* all mapped: nothing below applies but the take */
-      take(p, b, rsize);
+      if (wb != NULL) b = vm_take_at(p, wb, wat, rsize);
+      else take(p, b, rsize);
       *out = b;
       return GPUMEM_OK;
     }
@@ -390,7 +470,9 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
     } else {
       gpumem__fidx *from = b->idx;
       uint64_t held = p->st.reserved_bytes;
-      if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
+      if (wb != NULL) {
+        b = vm_take_at(p, wb, wat, rsize);
+      } else if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
         b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
         need = vm_need(b, rsize);
       } else {

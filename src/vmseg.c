@@ -275,6 +275,7 @@ static void chunk_place(gpumem__vmspace *vs, uint32_t i, gpumem_phys_handle h, u
   }
   vs->nmapped += len;
   vs->nchunks++;
+  if (g + len > vs->hi) vs->hi = g + len;
   if (c->nbusy == 0) idle_push(vp, i); /* (callers mark busy first; kept exact regardless) */
 }
 
@@ -472,6 +473,42 @@ gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
 
 /* ---------------------------------------------------------------------- */
 /* Busy bytes and mapping                                                  */
+
+/* A granule's part of the placement cost (gpumem__vm_place_cost). */
+static inline size_t gran_cost(const gpumem__vmspace *vs, uint32_t g) {
+  return (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == NIL);
+}
+
+int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t last, size_t size, size_t cap,
+                           size_t *budget, uintptr_t *addr, size_t *cost) {
+  if (size == 0 || last < lo || *budget == 0) return 0;
+  const unsigned sh = vs->gshift;
+  const uintptr_t gs = (uintptr_t)1 << sh;
+  uintptr_t off = (lo - vs->base + gs - 1) & ~(gs - 1), end = last - vs->base;
+  if (off > end) return 0;
+  uint32_t g = (uint32_t)(off >> sh), gend = (uint32_t)(end >> sh);
+  uint32_t w = (uint32_t)((size + gs - 1) >> sh); /* granules of a window that starts on a granule */
+  if (gend >= vs->hi) gend = vs->hi > g ? vs->hi - 1 : g; /* (a start at or above hi: nothing mapped) */
+  size_t c = 0;
+  for (uint32_t k = g; k < g + w; k++) c += gran_cost(vs, k);
+  *budget = *budget > w ? *budget - w : 0;
+  size_t best = cap;
+  uint32_t bg = 0;
+  for (;;) {
+    if (c < best) {
+      best = c;
+      bg = g;
+    }
+    if (g == gend || *budget == 0) break;
+    --*budget;
+    c = c - gran_cost(vs, g) + gran_cost(vs, g + w); /* g + w <= the last granule of [lo, last + size) */
+    g++;
+  }
+  if (best >= cap) return 0;
+  *addr = vs->base + ((uintptr_t)bg << sh);
+  *cost = best;
+  return 1;
+}
 
 void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta) {
   gpumem__vmpool *vp = vs->vp;

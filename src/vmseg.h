@@ -112,6 +112,7 @@ struct gpumem__vmspace {
   void *raw;               /* what vm_reserve returned, and its size (for vm_release) */
   size_t raw_size;
   uint32_t n;              /* granules */
+  uint32_t hi;             /* one past the highest granule ever mapped: every window above it is unmapped */
   size_t nmapped;          /* granules */
   size_t nchunks;          /* chunks mapped in the space */
   uint32_t *chk;           /* invariant check scratch */
@@ -176,6 +177,17 @@ static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t ad
   for (; g <= last; g++) k += cid[g] == GPUMEM__VM_NIL;
   return k;
 }
+/**
+ * The granule-aligned start in [lo, last] (addresses: lo rounded up to a
+ * granule) of `size` bytes with the lowest placement cost
+ * (gpumem__vm_place_cost), below `cap`. Starts are scanned up to the highest
+ * granule ever mapped (beyond it every start costs the most), each from the
+ * last by one granule out and one in, while *budget (granules looked at,
+ * decremented) lasts. Returns 1 with *addr and *cost, or 0 when no start
+ * scanned costs less than cap.
+ */
+int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t last, size_t size, size_t cap,
+                           size_t *budget, uintptr_t *addr, size_t *cost);
 /** Bytes of spare chunks (held, unmapped). */
 uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp);
 /** Granules available without creating a chunk (in idle and spare chunks). */

@@ -526,13 +526,53 @@ static void test_huge_block_chunks(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A large request that would map memory is placed where a READY block is already mapped, also away
+ * from the block's two ends: here the mapped memory a freed block left lies between an unmapped
+ * gap (trimmed) and the unmapped rest of the space, and a smaller block goes there with no backend
+ * call; the parts before and after it stay free and usable. */
+static void test_window_inside_free_block(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = vm_ctx(NULL);
+  void *g = NULL, *x = NULL, *y = NULL, *z = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, NULL, &g), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 256 * TU_MiB, NULL, &x), GPUMEM_OK);
+  assert_true((uintptr_t)x == (uintptr_t)g + 64 * TU_MiB);
+  assert_status(gpumem_free(ctx, g, NULL), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK); /* g's granules unmapped */
+  assert_status(gpumem_free(ctx, x, NULL), GPUMEM_OK);    /* x's stay mapped, idle */
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  uint64_t maps0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP);
+  /* at the free block's start it would need g's 32 granules, at its end 96: inside it, none */
+  assert_status(gpumem_alloc(ctx, 0, 192 * TU_MiB, NULL, &y), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_true((uintptr_t)y == (uintptr_t)x);
+  assert_true(s1.num_backend_allocs == s0.num_backend_allocs);
+  assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) == maps0);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes);
+  tu_stamp(y, 192 * TU_MiB, 0x7);
+  assert_held_exact(ctx);
+  /* the part before it (g's place) and after it are free blocks of their own */
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, NULL, &z), GPUMEM_OK);
+  assert_true((uintptr_t)z == (uintptr_t)g || (uintptr_t)z == (uintptr_t)y + 192 * TU_MiB);
+  tu_stamp(z, 64 * TU_MiB, 0x8);
+  assert_true(tu_stamp_ok(y, 192 * TU_MiB, 0x7));
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, y, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, z, NULL), GPUMEM_OK);
+  assert_held_exact(ctx);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
       TU_TEST(test_release_threshold_inside_segment), TU_TEST(test_no_unmap_while_pending),
       TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
       TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget), TU_TEST(test_pressure_granule_chunks),
-      TU_TEST(test_huge_block_chunks),
+      TU_TEST(test_huge_block_chunks), TU_TEST(test_window_inside_free_block),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
