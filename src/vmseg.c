@@ -488,6 +488,10 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
   if (off > end) return 0;
   uint32_t g = (uint32_t)(off >> sh), gend = (uint32_t)(end >> sh);
   uint32_t w = (uint32_t)((size + gs - 1) >> sh); /* granules of a window that starts on a granule */
+  /* No window costs less than w - 1: its granules lie in [lo, last + size), one READY block, where
+   * only the last one can hold a neighbour's busy bytes. A cap at or below that cannot be beaten, and
+   * once a window costs that much the scan stops: none after it can cost less. */
+  if (cap <= (size_t)w - 1) return 0;
   if (gend >= vs->hi) gend = vs->hi > g ? vs->hi - 1 : g; /* (a start at or above hi: nothing mapped) */
   size_t c = 0;
   for (uint32_t k = g; k < g + w; k++) c += gran_cost(vs, k);
@@ -498,6 +502,7 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
     if (c < best) {
       best = c;
       bg = g;
+      if (best <= (size_t)w - 1) break;
     }
     if (g == gend || *budget == 0) break;
     --*budget;
