@@ -420,7 +420,9 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
     }
     gpumem__block *wb = NULL; /* a window inside a READY block (vm_window), at wat */
     uintptr_t wat = 0;
-    if (need > 0 && b != NULL && rsize >= VM_WINDOW_MIN && (wb = vm_window(p, &k, &wat)) != NULL) {
+    /* (its take may cut the block in three: two blocks, which an earlier pass may have used) */
+    if (need > 0 && b != NULL && rsize >= VM_WINDOW_MIN && block_reserve(p, 2) == 0 &&
+        (wb = vm_window(p, &k, &wat)) != NULL) {
       b = wb;
       need = gpumem__vm_unmapped(b->seg->vm, wat, rsize);
     }
