@@ -58,35 +58,28 @@ static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsiz
   return t;
 }
 
-/* Like take(), for READY block b of an expandable segment, at addr inside it: what lies before and
- * after the new block stays READY. Two blocks must be reserved. */
+/* Like take(), for READY block b of an expandable segment, at addr inside it: the part before addr is
+ * cut off and stays READY, then take() takes the block from the rest. Two blocks must be reserved. */
 static gpumem__block *vm_take_at(gpumem__pool *p, gpumem__block *b, uintptr_t addr, size_t rsize) {
-  if (addr == b->addr) {
-    take(p, b, rsize);
-    return b;
+  if (addr > b->addr) {
+    gpumem__fidx *f = b->idx;
+    idx_remove(p, b);
+    gpumem__block *r = block_new(p);
+    r->addr = addr;
+    r->size = b->addr + b->size - addr;
+    r->seg = b->seg;
+    r->fseq = b->fseq;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL) b->next->prev = r;
+    b->next = r;
+    b->size = addr - b->addr;
+    idx_insert(p, f, b);
+    idx_insert(p, f, r);
+    b = r;
   }
-  if (addr + rsize == b->addr + b->size) return vm_take_end(p, b, rsize);
-  gpumem__fidx *f = b->idx;
-  idx_remove(p, b);
-  gpumem__block *t = block_new(p), *u = block_new(p);
-  t->addr = addr;
-  t->size = rsize;
-  t->seg = b->seg;
-  u->addr = addr + rsize;
-  u->size = b->addr + b->size - u->addr;
-  u->seg = b->seg;
-  u->fseq = b->fseq;
-  u->next = b->next;
-  if (b->next != NULL) b->next->prev = u;
-  u->prev = t;
-  t->next = u;
-  t->prev = b;
-  b->next = t;
-  b->size = addr - b->addr;
-  idx_insert(p, f, b);
-  idx_insert(p, f, u);
-  gpumem__vm_busy(t->seg->vm, t->addr, rsize, +1);
-  return t;
+  take(p, b, rsize);
+  return b;
 }
 
 /* Placement in expandable segments: among up to VM_CANDIDATES free blocks
@@ -376,7 +369,6 @@ gpumem_status gpumem__vm_clear(gpumem__pool *p) {
  * READY tail always fits); then its unmapped granules get chunks. */
 gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream,
                                      gpumem__block **out) {
-  if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
   solo_note(p, stream);
   if (p->quarantine) gpumem__quarantine_step(p, stream, 1);
   /* one stream: the guard may wait before moving idle chunks, as the growth check below waits */
@@ -392,6 +384,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
   tlsf_map(rsize, &k.fl0, &k.sl0);
   for (int pass = 0;; pass++) {
   search:;
+    /* a take cuts a block in up to three (vm_take_at), and an earlier pass may have used blocks */
+    if (block_reserve(p, 2) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
     k.clean_only = clean_only;
     vm_search(p, r, &k);
     gpumem__block *b = k.best;
@@ -420,9 +414,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
     }
     gpumem__block *wb = NULL; /* a window inside a READY block (vm_window), at wat */
     uintptr_t wat = 0;
-    /* (its take may cut the block in three: two blocks, which an earlier pass may have used) */
-    if (need > 0 && b != NULL && rsize >= VM_WINDOW_MIN && block_reserve(p, 2) == 0 &&
-        (wb = vm_window(p, &k, &wat)) != NULL) {
+    if (need > 0 && b != NULL && rsize >= VM_WINDOW_MIN && (wb = vm_window(p, &k, &wat)) != NULL) {
       b = wb;
       need = gpumem__vm_unmapped(b->seg->vm, wat, rsize);
     }
