@@ -474,11 +474,6 @@ gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
 /* ---------------------------------------------------------------------- */
 /* Busy bytes and mapping                                                  */
 
-/* A granule's part of the placement cost (gpumem__vm_place_cost). */
-static inline size_t gran_cost(const gpumem__vmspace *vs, uint32_t g) {
-  return (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == NIL);
-}
-
 int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t last, size_t size, size_t cap,
                            size_t *budget, uintptr_t *addr, size_t *cost) {
   if (size == 0 || last < lo || *budget == 0) return 0;
@@ -494,7 +489,7 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
   if (cap <= (size_t)w - 1) return 0;
   if (gend >= vs->hi) gend = vs->hi > g ? vs->hi - 1 : g; /* (a start at or above hi: nothing mapped) */
   size_t c = 0;
-  for (uint32_t k = g; k < g + w; k++) c += gran_cost(vs, k);
+  for (uint32_t k = g; k < g + w; k++) c += gpumem__vm_gran_cost(vs, k);
   *budget = *budget > w ? *budget - w : 0;
   size_t best = cap;
   uint32_t bg = 0;
@@ -506,7 +501,8 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
     }
     if (g == gend || *budget == 0) break;
     --*budget;
-    c = c - gran_cost(vs, g) + gran_cost(vs, g + w); /* g + w <= the last granule of [lo, last + size) */
+    /* (g + w <= the last granule of [lo, last + size)) */
+    c = c - gpumem__vm_gran_cost(vs, g) + gpumem__vm_gran_cost(vs, g + w);
     g++;
   }
   if (best >= cap) return 0;

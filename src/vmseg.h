@@ -146,6 +146,11 @@ static inline void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t s
   }
 }
 
+/** Granule g's part of the placement cost (gpumem__vm_place_cost): 1 if no busy byte touches it, 1 more if it is not mapped. */
+static inline size_t gpumem__vm_gran_cost(const gpumem__vmspace *vs, uint32_t g) {
+  return (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == GPUMEM__VM_NIL);
+}
+
 /**
  * The placement cost of a block at [addr, addr+size), in granules: those
  * that no busy byte touches yet (what the block adds to the footprint), plus
@@ -160,9 +165,8 @@ static inline size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t 
   const unsigned sh = vs->gshift;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
-  const uint32_t *busy = vs->busy, *cid = vs->cid;
   size_t k = 0;
-  for (; g <= last && k <= cap; g++) k += (size_t)(busy[g] == 0) + (size_t)(cid[g] == GPUMEM__VM_NIL);
+  for (; g <= last && k <= cap; g++) k += gpumem__vm_gran_cost(vs, g);
   return k;
 }
 
