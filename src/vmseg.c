@@ -271,6 +271,7 @@ static void chunk_place(gpumem__vmspace *vs, uint32_t i, gpumem_phys_handle h, u
   c->idle = 0;
   for (uint32_t k = g; k < g + len; k++) {
     vs->cid[k] = i;
+    vs->unmb[k >> 6] &= ~((uint64_t)1 << (k & 63));
     c->nbusy += vs->busy[k] != 0;
   }
   vs->nmapped += len;
@@ -295,7 +296,10 @@ static gpumem_status chunk_unmap(gpumem__vmpool *vp, uint32_t i, gpumem_phys_han
     return st;
   }
   if (c->idle) idle_remove(vp, i);
-  for (uint32_t k = c->start; k < c->start + c->len; k++) vs->cid[k] = NIL;
+  for (uint32_t k = c->start; k < c->start + c->len; k++) {
+    vs->cid[k] = NIL;
+    vs->unmb[k >> 6] |= (uint64_t)1 << (k & 63);
+  }
   vs->nmapped -= c->len;
   vs->nchunks--;
   *h = c->h;
@@ -362,9 +366,18 @@ static gpumem_status shrink(gpumem__vmpool *vp, uint32_t i, uint32_t keep) {
 /* ---------------------------------------------------------------------- */
 /* Spaces                                                                  */
 
+/* Every bit of a space's bit map set for granules 0..n-1, none past them. */
+static void bits_all(const gpumem__vmspace *vs, uint64_t *bits) {
+  size_t words = ((size_t)vs->n + 63) / 64;
+  memset(bits, 0xff, words * sizeof *bits);
+  if (vs->n & 63) bits[words - 1] = ~(uint64_t)0 >> (64 - (vs->n & 63));
+}
+
 static void space_free(gpumem__vmspace *vs) {
   free(vs->cid);
   free(vs->busy);
+  free(vs->idleb);
+  free(vs->unmb);
   free(vs->chk);
   free(vs);
 }
@@ -414,19 +427,23 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
   size_t n = want / g;
   vs->cid = malloc(n * sizeof *vs->cid);
   vs->busy = calloc(n, sizeof *vs->busy);
-  if (vs->cid == NULL || vs->busy == NULL) {
+  vs->idleb = malloc(((n + 63) / 64) * sizeof *vs->idleb);
+  vs->unmb = malloc(((n + 63) / 64) * sizeof *vs->unmb);
+  if (vs->cid == NULL || vs->busy == NULL || vs->idleb == NULL || vs->unmb == NULL) {
     (void)gpumem__be_vm_release(vp->ctx, vp->dev, raw, raw_size);
     space_free(vs);
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
   memset(vs->cid, 0xff, n * sizeof *vs->cid); /* NIL */
+  vs->n = (uint32_t)n;
+  bits_all(vs, vs->idleb);
+  bits_all(vs, vs->unmb);
   vs->vp = vp;
   vs->base = (uintptr_t)va;
   vs->gshift = (unsigned)__builtin_ctzll((unsigned long long)g);
   vs->size = want;
   vs->raw = raw;
   vs->raw_size = raw_size;
-  vs->n = (uint32_t)n;
   vs->next = vp->spaces;
   if (vp->spaces != NULL) vp->spaces->prev = vs;
   vp->spaces = vs;
@@ -442,6 +459,7 @@ uint64_t gpumem__vm_space_mapped(const gpumem__vmspace *vs) { return (uint64_t)v
 void gpumem__vm_space_clear_busy(gpumem__vmspace *vs) {
   gpumem__vmpool *vp = vs->vp;
   memset(vs->busy, 0, (size_t)vs->n * sizeof *vs->busy);
+  bits_all(vs, vs->idleb);
   for (uint32_t i = 0; i < vp->nch; i++) {
     vmchunk *c = &vp->ch[i];
     if (c->vs != vs) continue;
@@ -708,6 +726,8 @@ const char *gpumem__vm_check_end(gpumem__vmspace *vs) {
   for (uint32_t g = 0; g < vs->n; g++) {
     if (vs->chk[g] != vs->busy[g]) return "busy bytes of a granule differ from its live and not-READY blocks";
     if (vs->busy[g] != 0 && vs->cid[g] == NIL) return "a granule under a live or not-READY block is not mapped";
+    if (((vs->idleb[g >> 6] >> (g & 63)) & 1) != (vs->busy[g] == 0)) return "idle bit map";
+    if (((vs->unmb[g >> 6] >> (g & 63)) & 1) != (vs->cid[g] == NIL)) return "unmapped bit map";
     if (vs->cid[g] == NIL) continue;
     mapped++;
     if (vs->cid[g] >= vp->nch) return "chunk index out of range";

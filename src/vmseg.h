@@ -105,6 +105,8 @@ struct gpumem__vmspace {
   uintptr_t base;          /* aligned to the granularity */
   uint32_t *cid;           /* n: chunk mapped at the granule, GPUMEM__VM_NIL = none */
   uint32_t *busy;          /* n: busy bytes */
+  uint64_t *idleb;         /* (n + 63) / 64 words: bit g set while busy[g] == 0 (bits past n: 0) */
+  uint64_t *unmb;          /* the same: bit g set while cid[g] == GPUMEM__VM_NIL */
   unsigned gshift;         /* log2 of the granularity */
   gpumem__vmpool *vp;
   gpumem__vmspace *prev, *next;
@@ -137,15 +139,32 @@ static inline void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t s
     if (hi > end) hi = end;
     uint32_t bytes = (uint32_t)(hi - lo);
     if (delta > 0) {
-      if (busy[g] == 0 && vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, +1);
+      if (busy[g] == 0) {
+        vs->idleb[g >> 6] &= ~((uint64_t)1 << (g & 63));
+        if (vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, +1);
+      }
       busy[g] += bytes;
     } else {
       busy[g] -= bytes;
-      if (busy[g] == 0 && vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, -1);
+      if (busy[g] == 0) {
+        vs->idleb[g >> 6] |= (uint64_t)1 << (g & 63);
+        if (vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, -1);
+      }
     }
   }
 }
-
+/* Bits set in x: the instruction where the target has one, else a few shifts and adds inline (the
+ * library is built for the baseline x86-64, whose builtin is an out-of-line call). */
+static inline unsigned gpumem__vm_popcount(uint64_t x) {
+#if defined(__POPCNT__) || defined(__aarch64__)
+  return (unsigned)__builtin_popcountll(x);
+#else
+  x = x - ((x >> 1) & 0x5555555555555555ull);
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return (unsigned)((x * 0x0101010101010101ull) >> 56);
+#endif
+}
 /** Granule g's part of the placement cost (gpumem__vm_place_cost): 1 if no busy byte touches it, 1 more if it is not mapped. */
 static inline size_t gpumem__vm_gran_cost(const gpumem__vmspace *vs, uint32_t g) {
   return (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == GPUMEM__VM_NIL);
@@ -165,21 +184,30 @@ static inline size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t 
   const unsigned sh = vs->gshift;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
+  /* 64 granules a step: the two bit maps' words, masked to [g, last], counted */
+  uint32_t w = g >> 6, wl = last >> 6;
+  uint64_t m = ~(uint64_t)0 << (g & 63);
   size_t k = 0;
-  for (; g <= last && k <= cap; g++) k += gpumem__vm_gran_cost(vs, g);
-  return k;
+  for (;; w++, m = ~(uint64_t)0) {
+    if (w == wl) m &= ~(uint64_t)0 >> (63 - (last & 63));
+    k += (size_t)gpumem__vm_popcount(vs->idleb[w] & m) + gpumem__vm_popcount(vs->unmb[w] & m);
+    if (w == wl || k > cap) return k;
+  }
 }
-
 /** Granules of [addr, addr+size) that are not mapped. */
 static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t addr, size_t size) {
   if (size == 0) return 0;
   const unsigned sh = vs->gshift;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
-  const uint32_t *cid = vs->cid;
+  uint32_t w = g >> 6, wl = last >> 6;
+  uint64_t m = ~(uint64_t)0 << (g & 63);
   size_t k = 0;
-  for (; g <= last; g++) k += cid[g] == GPUMEM__VM_NIL;
-  return k;
+  for (;; w++, m = ~(uint64_t)0) {
+    if (w == wl) m &= ~(uint64_t)0 >> (63 - (last & 63));
+    k += gpumem__vm_popcount(vs->unmb[w] & m);
+    if (w == wl) return k;
+  }
 }
 /**
  * The granule-aligned start in [lo, last] (addresses: lo rounded up to a
