@@ -50,7 +50,9 @@
  * about 60 us of host time idle and 120-330 us while kernels run; none waits for queued work) buys its way
  * out with memory; a workload that moves little stays at the peak. Fewer moves per raise buy
  * more memory sooner, more moves per raise leave more moves (figures: docs/internals/HOT-PATH.md). */
+#ifndef MOVES_PER_RAISE /* (a build-time override, for A/B runs) */
 #define MOVES_PER_RAISE 16
+#endif
 
 typedef struct vmchunk {
   gpumem_phys_handle h;
