@@ -53,6 +53,15 @@
 #ifndef MOVES_PER_RAISE /* (a build-time override, for A/B runs) */
 #define MOVES_PER_RAISE 16
 #endif
+/* ... once the pool has seen several streams. There a stream's frees wait for its events, so memory
+ * in flight already lifts the peak, and the moves are fewer against more work: the allowance rises
+ * at half the rate. Measured on an H200 (torch_multistream.py, two runs each, 16 against 32): comm
+ * 1.050-1.062 against 1.019-1.028, loader 1.075 against 1.067, two_models 1.056-1.059 against
+ * 1.037-1.068, at the same step times; single-stream ResNet-50 training would pay 2.5 % per step for
+ * 1.071 -> 1.056 (internals/HOT-PATH.md), so one stream keeps MOVES_PER_RAISE. */
+#ifndef MOVES_PER_RAISE_STREAMS
+#define MOVES_PER_RAISE_STREAMS 32
+#endif
 
 typedef struct vmchunk {
   gpumem_phys_handle h;
@@ -88,6 +97,7 @@ struct gpumem__vmpool {
   size_t spare_gran;
   uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
   uint32_t moves;          /* idle-chunk moves since the allowance last grew */
+  uint32_t raise_moves;    /* moves per raise: MOVES_PER_RAISE, or _STREAMS (gpumem__vm_several_streams) */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
@@ -120,6 +130,7 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->chunk_max = CHUNK_MAX_BYTES > g ? (uint32_t)(CHUNK_MAX_BYTES / g) : 1;
   vp->chunk_huge = CHUNK_HUGE_BYTES > g ? (uint32_t)(CHUNK_HUGE_BYTES / g) : 1;
   vp->total = total;
+  vp->raise_moves = MOVES_PER_RAISE;
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
   return vp;
@@ -563,7 +574,7 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   if (vp->st->allocated_peak + vp->allowance > cap) cap = vp->st->allocated_peak + vp->allowance;
   if (limit != 0 && limit < cap) cap = limit;
   if (vp->st->reserved_bytes + add > cap && vp->nidle + vp->spare_gran > 0) {
-    if (++vp->moves >= MOVES_PER_RAISE) {
+    if (++vp->moves >= vp->raise_moves) {
       /* by 1/128 of the live peak, at least a granule, at most a largest chunk */
       uint64_t step = vp->st->allocated_peak / 128 / vp->gran;
       if (step < 1) step = 1;
@@ -654,6 +665,8 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   }
   return GPUMEM_OK;
 }
+
+void gpumem__vm_several_streams(gpumem__vmpool *vp) { vp->raise_moves = MOVES_PER_RAISE_STREAMS; }
 
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {
   vp->allowance = 0;
