@@ -474,7 +474,9 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       }
       if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit);
       if (st == GPUMEM_OK) {
-        if (need > 0) gpumem__check_free_fraction(p); /* mapped: new chunks, or idle ones moved here */
+        /* the pool grew (new chunks): the device's free memory is looked at (a query of the driver,
+         * microseconds). Idle chunks moved here take nothing more from the device: no query. */
+        if (p->st.reserved_bytes > held) gpumem__check_free_fraction(p);
         *out = b;
         return GPUMEM_OK;
       }

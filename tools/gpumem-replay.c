@@ -63,6 +63,7 @@ typedef struct vm_counts {
   uint64_t calls[VMC_N_];
   uint64_t ns; /* wall time inside the calls */
   uint64_t so[SOC_N_];
+  uint64_t meminfo, meminfo_ns; /* mem_get_info calls (the free-fraction check) and the time in them */
 } vm_counts;
 
 typedef struct result {
@@ -141,6 +142,13 @@ static int w_stream_synchronize(gpumem_backend *be, int device, gpumem_stream st
   g_vm.so[SOC_STREAMSYNC]++;
   return g_inner->stream_synchronize(be, device, stream);
 }
+static int w_mem_get_info(gpumem_backend *be, int device, uint64_t *free_b, uint64_t *total_b) {
+  uint64_t t0 = tools_now_ns();
+  int rc = g_inner->mem_get_info(be, device, free_b, total_b);
+  g_vm.meminfo_ns += tools_now_ns() - t0;
+  g_vm.meminfo++;
+  return rc;
+}
 static int w_device_synchronize(gpumem_backend *be, int device) {
   g_vm.so[SOC_DEVSYNC]++;
   return g_inner->device_synchronize(be, device);
@@ -166,6 +174,7 @@ static const gpumem_backend *wrap_backend(const char *name) {
   if (in->stream_synchronize) g_wrap.stream_synchronize = w_stream_synchronize;
   if (in->device_synchronize) g_wrap.device_synchronize = w_device_synchronize;
   g_wrap.malloc = w_malloc;
+  g_wrap.mem_get_info = w_mem_get_info;
   return &g_wrap;
 }
 
@@ -555,6 +564,8 @@ int main(int argc, char **argv) {
           fprintf(jf, ", \"vm_call_ns\": %llu", (unsigned long long)r.vm.ns);
           for (int k = 0; k < SOC_N_; k++)
             fprintf(jf, ", \"%s_calls\": %llu", soc_name[k], (unsigned long long)r.vm.so[k]);
+          fprintf(jf, ", \"mem_get_info_calls\": %llu, \"mem_get_info_ns\": %llu", (unsigned long long)r.vm.meminfo,
+                  (unsigned long long)r.vm.meminfo_ns);
         }
       }
       fprintf(jf, "}");
@@ -575,7 +586,7 @@ int main(int argc, char **argv) {
       if (r.vm_counted) {
         printf("  stream-order calls:");
         for (int k = 0; k < SOC_N_; k++) printf(" %s %llu", soc_name[k], (unsigned long long)r.vm.so[k]);
-        printf("\n");
+        printf("; mem_get_info %llu (%.1f ms)\n", (unsigned long long)r.vm.meminfo, (double)r.vm.meminfo_ns / 1e6);
       }
       if (r.streams_null) printf("  note: %zu streams replayed on the default stream (no stream support for this backend in the tools)\n", t.num_streams);
       if (t.num_unmatched_frees) printf("  note: %zu frees of unknown IDs skipped\n", t.num_unmatched_frees);
