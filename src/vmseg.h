@@ -164,7 +164,10 @@ static inline unsigned gpumem__vm_popcount(uint64_t x) {
   x = x - ((x >> 1) & 0x5555555555555555ull);
   x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
   x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
-  return (unsigned)((x * 0x0101010101010101ull) >> 56);
+  x += x >> 8; /* (adds, not the usual multiply: nothing wraps, which the overflow-checking build verifies) */
+  x += x >> 16;
+  x += x >> 32;
+  return (unsigned)(x & 0x7f);
 #endif
 }
 /** Granule g's part of the placement cost (gpumem__vm_place_cost): 1 if no busy byte touches it, 1 more if it is not mapped. */
