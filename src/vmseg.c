@@ -581,6 +581,8 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
       if (step > vp->chunk_max) step = vp->chunk_max;
       vp->moves = 0;
       vp->allowance += step * vp->gran;
+      LOG(vp, GPUMEM_LOG_DEBUG, "device %d: %u idle-chunk moves: new memory may now go %llu MiB past the live peak",
+          vp->dev, vp->raise_moves, (unsigned long long)(vp->allowance >> 20));
     }
     /* a spare chunk that fits */
     for (size_t k = 0; k < vp->nspare; k++) {
@@ -666,7 +668,11 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   return GPUMEM_OK;
 }
 
-void gpumem__vm_several_streams(gpumem__vmpool *vp) { vp->raise_moves = MOVES_PER_RAISE_STREAMS; }
+void gpumem__vm_several_streams(gpumem__vmpool *vp) {
+  vp->raise_moves = MOVES_PER_RAISE_STREAMS;
+  LOG(vp, GPUMEM_LOG_DEBUG, "device %d: several streams: the allowance above the live peak rises every %u moves",
+      vp->dev, vp->raise_moves);
+}
 
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {
   vp->allowance = 0;
