@@ -574,6 +574,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   p->dirty = 0; /* every block is being dropped (the caller synchronised the device, or is destroying) */
   p->quarantine = 0;
   p->solo = p->vm != NULL ? SOLO_NONE : SOLO_MANY;
+  if (p->vm != NULL) gpumem__vm_several_streams(p->vm, 0);
   p->solo_r = NULL;
   for (size_t i = 0; i < p->nev; i++) (void)gpumem__be_event_destroy(ctx, p->device, p->evcache[i]);
   p->nev = 0;

@@ -506,12 +506,12 @@ void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
   }
   if (p->solo == SOLO_WARM) { /* a second stream before the first one's frees went without events */
     p->solo = SOLO_MANY;
-    if (p->vm != NULL) gpumem__vm_several_streams(p->vm);
+    if (p->vm != NULL) gpumem__vm_several_streams(p->vm, 1);
     return;
   }
   if (p->solo == SOLO_ONE) {
     p->solo = SOLO_MANY;
-    if (p->vm != NULL) gpumem__vm_several_streams(p->vm);
+    if (p->vm != NULL) gpumem__vm_several_streams(p->vm, 1);
     if (p->dirty) p->quarantine = 1;
     LOG(p, GPUMEM_LOG_DEBUG, "device %d: a second stream: frees are stream-ordered from now on%s", p->device,
         p->dirty ? " (READY quarantined until the first stream's work is known complete)" : "");

@@ -668,10 +668,11 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   return GPUMEM_OK;
 }
 
-void gpumem__vm_several_streams(gpumem__vmpool *vp) {
-  vp->raise_moves = MOVES_PER_RAISE_STREAMS;
-  LOG(vp, GPUMEM_LOG_DEBUG, "device %d: several streams: the allowance above the live peak rises every %u moves",
-      vp->dev, vp->raise_moves);
+void gpumem__vm_several_streams(gpumem__vmpool *vp, int several) {
+  vp->raise_moves = several ? MOVES_PER_RAISE_STREAMS : MOVES_PER_RAISE;
+  if (several)
+    LOG(vp, GPUMEM_LOG_DEBUG, "device %d: several streams: the allowance above the live peak rises every %u moves",
+        vp->dev, vp->raise_moves);
 }
 
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {

@@ -61,8 +61,9 @@ gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t
 void gpumem__vm_pressure(gpumem__vmpool *vp);
 /** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
-/** The pool has seen a second stream: the allowance rises at its slower rate from now on (vmseg.c). */
-void gpumem__vm_several_streams(gpumem__vmpool *vp);
+/** The pool has seen a second stream (several = 1): the allowance rises at its slower rate from now on
+ *  (vmseg.c); 0 (a reset pool, which starts over with one stream): the single-stream rate again. */
+void gpumem__vm_several_streams(gpumem__vmpool *vp, int several);
 /**
  * The vm state of one device pool, or NULL when the pool uses plain
  * segments: expandable is off, the backend lacks vm methods, or its
