@@ -54,11 +54,11 @@
 #define MOVES_PER_RAISE 16
 #endif
 /* ... once the pool has seen several streams. There a stream's frees wait for its events, so memory
- * in flight already lifts the peak, and the moves are fewer against more work: the allowance rises
- * at half the rate. Measured on an H200 (torch_multistream.py, two runs each, 16 against 32): comm
- * 1.050-1.062 against 1.019-1.028, loader 1.075 against 1.067, two_models 1.056-1.059 against
- * 1.037-1.068, at the same step times; single-stream ResNet-50 training would pay 2.5 % per step for
- * 1.071 -> 1.056 (internals/HOT-PATH.md), so one stream keeps MOVES_PER_RAISE. */
+ * in flight already lifts the peak above the live one: the allowance rises at half the rate. The
+ * multi-stream replays hold less (two_models 1.062 -> 1.037, loader 1.030 -> 1.024, comm 1.047 ->
+ * 1.029); live on an H200 the difference is within the run-to-run spread of memory in flight (A/B
+ * runs 20 and 22, internals/HOT-PATH.md), at the same step times. Single-stream ResNet-50 training
+ * paid 2.5 % a step for it (1.071 -> 1.056), so one stream keeps MOVES_PER_RAISE. */
 #ifndef MOVES_PER_RAISE_STREAMS
 #define MOVES_PER_RAISE_STREAMS 32
 #endif
