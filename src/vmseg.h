@@ -190,10 +190,14 @@ static inline size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t 
   const unsigned sh = vs->gshift;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
+  size_t k = 0;
+  if (last - g < 16) { /* a few granules (most blocks): one by one, cheaper than the words' masks and counts */
+    for (; g <= last && k <= cap; g++) k += gpumem__vm_gran_cost(vs, g);
+    return k;
+  }
   /* 64 granules a step: the two bit maps' words, masked to [g, last], counted */
   uint32_t w = g >> 6, wl = last >> 6;
   uint64_t m = ~(uint64_t)0 << (g & 63);
-  size_t k = 0;
   for (;; w++, m = ~(uint64_t)0) {
     if (w == wl) m &= ~(uint64_t)0 >> (63 - (last & 63));
     k += (size_t)gpumem__vm_popcount(vs->idleb[w] & m) + gpumem__vm_popcount(vs->unmb[w] & m);
@@ -206,9 +210,13 @@ static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t ad
   const unsigned sh = vs->gshift;
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
+  size_t k = 0;
+  if (last - g < 16) {
+    for (; g <= last; g++) k += vs->cid[g] == GPUMEM__VM_NIL;
+    return k;
+  }
   uint32_t w = g >> 6, wl = last >> 6;
   uint64_t m = ~(uint64_t)0 << (g & 63);
-  size_t k = 0;
   for (;; w++, m = ~(uint64_t)0) {
     if (w == wl) m &= ~(uint64_t)0 >> (63 - (last & 63));
     k += gpumem__vm_popcount(vs->unmb[w] & m);
