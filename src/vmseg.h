@@ -23,6 +23,8 @@
  *            new block's chunk at the peak). Idle granules of a chunk that
  *            also holds busy ones stay mapped until the chunk is idle.
  *   spare    chunks that are unmapped but still held (a failed map or destroy).
+ *   idleb, unmb  one bit per granule: busy[g] == 0, cid[g] unmapped; kept with the arrays so that
+ *            placement costs of long ranges count 64 granules at a time (gpumem__vm_place_cost).
  *
  * Reserved bytes (gpumem_stats::reserved_bytes, and what the backend holds)
  * = chunks held = (mapped + spare granules) * granularity. New memory is
