@@ -197,6 +197,22 @@ GPUMEM__POOL_LOCAL gpumem__block *idx_find(gpumem__fidx *f, size_t rsize, int rc
   return b;
 }
 
+/* Cut block b (in no fidx) at offset `at` (0 < at < b->size): b keeps the first part, the
+ * returned block (in no fidx either) is the rest, linked after it. One block must be reserved. */
+GPUMEM__POOL_LOCAL gpumem__block *block_split(gpumem__pool *p, gpumem__block *b, size_t at) {
+  gpumem__block *r = block_new(p);
+  r->addr = b->addr + at;
+  r->size = b->size - at;
+  r->seg = b->seg;
+  r->fseq = b->fseq;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next != NULL) b->next->prev = r;
+  b->next = r;
+  b->size = at;
+  return r;
+}
+
 /* Take free block b for rsize bytes: split off the rest into b's fidx. One
  * block must be reserved. The remainder's other neighbour is never in the
  * same fidx (it would have been merged with b), so no coalescing is needed. */
@@ -204,19 +220,7 @@ GPUMEM__POOL_LOCAL void take(gpumem__pool *p, gpumem__block *b, size_t rsize) {
   gpumem__fidx *f = b->idx;
   if (f->kind == IDX_READY && b->seg->kind == SEG_VM) gpumem__vm_busy(b->seg->vm, b->addr, rsize, +1);
   idx_remove(p, b);
-  if (b->size > rsize) {
-    gpumem__block *r = block_new(p);
-    r->addr = b->addr + rsize;
-    r->size = b->size - rsize;
-    r->seg = b->seg;
-    r->fseq = b->fseq;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next != NULL) b->next->prev = r;
-    b->next = r;
-    b->size = rsize;
-    idx_insert(p, f, r);
-  }
+  if (b->size > rsize) idx_insert(p, f, block_split(p, b, rsize));
 }
 
 

@@ -44,15 +44,7 @@ static int vm_fresh_end_better(const gpumem__block *b, size_t rsize) {
  * cut from the end of b (which stays READY, smaller). One block must be reserved. */
 static gpumem__block *vm_take_end(gpumem__pool *p, gpumem__block *b, size_t rsize) {
   idx_remove(p, b);
-  gpumem__block *t = block_new(p);
-  t->addr = b->addr + b->size - rsize;
-  t->size = rsize;
-  t->seg = b->seg;
-  t->prev = b;
-  t->next = b->next;
-  if (b->next != NULL) b->next->prev = t;
-  b->next = t;
-  b->size -= rsize;
+  gpumem__block *t = block_split(p, b, b->size - rsize);
   idx_insert(p, p->ready, b);
   gpumem__vm_busy(t->seg->vm, t->addr, rsize, +1);
   return t;
@@ -64,16 +56,7 @@ static gpumem__block *vm_take_at(gpumem__pool *p, gpumem__block *b, uintptr_t ad
   if (addr > b->addr) {
     gpumem__fidx *f = b->idx;
     idx_remove(p, b);
-    gpumem__block *r = block_new(p);
-    r->addr = addr;
-    r->size = b->addr + b->size - addr;
-    r->seg = b->seg;
-    r->fseq = b->fseq;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next != NULL) b->next->prev = r;
-    b->next = r;
-    b->size = addr - b->addr;
+    gpumem__block *r = block_split(p, b, addr - b->addr);
     idx_insert(p, f, b);
     idx_insert(p, f, r);
     b = r;

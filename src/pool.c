@@ -90,14 +90,7 @@ static gpumem_status grow(gpumem__pool *p, size_t rsize, int rcls, int smallest_
       gpumem__block *b = s->head;
       if (b->size > rsize) {
         /* split: the rest is new memory with no pending work, READY for every stream */
-        gpumem__block *rest = block_new(p);
-        rest->addr = b->addr + rsize;
-        rest->size = b->size - rsize;
-        rest->seg = s;
-        rest->prev = b;
-        b->next = rest;
-        b->size = rsize;
-        idx_insert(p, p->ready, rest);
+        idx_insert(p, p->ready, block_split(p, b, rsize));
       }
       *out = b;
       return GPUMEM_OK;
