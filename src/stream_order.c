@@ -493,6 +493,13 @@ gpumem_status gpumem__vm_guard(void *arg) {
   return p->dirty ? gpumem__settle(p) : GPUMEM_OK;
 }
 
+/* A second stream: frees are stream-ordered from now on, and the allowance of the granule map rises
+ * at its several-streams rate (vmseg.c). */
+static void solo_many(gpumem__pool *p) {
+  p->solo = SOLO_MANY;
+  gpumem__vm_several_streams(p->vm, 1);
+}
+
 /* An expandable pool's call names `stream` (solo mode, see above). */
 void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
   if (p->solo == SOLO_NONE) {
@@ -505,13 +512,11 @@ void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream) {
     return;
   }
   if (p->solo == SOLO_WARM) { /* a second stream before the first one's frees went without events */
-    p->solo = SOLO_MANY;
-    if (p->vm != NULL) gpumem__vm_several_streams(p->vm, 1);
+    solo_many(p);
     return;
   }
   if (p->solo == SOLO_ONE) {
-    p->solo = SOLO_MANY;
-    if (p->vm != NULL) gpumem__vm_several_streams(p->vm, 1);
+    solo_many(p);
     if (p->dirty) p->quarantine = 1;
     LOG(p, GPUMEM_LOG_DEBUG, "device %d: a second stream: frees are stream-ordered from now on%s", p->device,
         p->dirty ? " (READY quarantined until the first stream's work is known complete)" : "");
