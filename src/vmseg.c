@@ -62,6 +62,17 @@
 #ifndef MOVES_PER_RAISE_STREAMS
 #define MOVES_PER_RAISE_STREAMS 32
 #endif
+/* ... and only when those moves came often: within RAISE_ALLOCS_PER_MOVE allocations of the pool per
+ * move. A workload that settles into rare moves (dynamic shapes, a generation loop, two streams whose
+ * allocations interleave differently every step) would otherwise keep raising the allowance for ever:
+ * replayed 48 times, BERT with dynamic shapes crept from 1.042 to 1.109, GPT-2 generation from 1.003 to
+ * 1.065, and paid no fewer moves for it. Moves slower than this rate cost little (a move is 60-330 us;
+ * one per 64 allocations is 2-5 % of the step of the recorded trainings, and their steady states move
+ * less): the memory is not worth it. 32 keeps more moves (multi-stream replays 250-400 a pass), 128 lets
+ * most of the creep back (figures: docs/internals/HOT-PATH.md). */
+#ifndef RAISE_ALLOCS_PER_MOVE
+#define RAISE_ALLOCS_PER_MOVE 64
+#endif
 
 typedef struct vmchunk {
   gpumem_phys_handle h;
@@ -96,7 +107,8 @@ struct gpumem__vmpool {
   size_t nspare, capspare;
   size_t spare_gran;
   uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
-  uint32_t moves;          /* idle-chunk moves since the allowance last grew */
+  uint32_t moves;          /* idle-chunk moves counted towards the next raise of the allowance */
+  uint64_t moves_from;     /* st->num_allocs when that count started */
   uint32_t raise_moves;    /* moves per raise: MOVES_PER_RAISE, or _STREAMS (gpumem__vm_several_streams) */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
@@ -563,8 +575,9 @@ void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta) {
  * when every 2 MiB chunk was moved one by one, but with a few calls per run
  * of granules instead of two per granule; and below the peak nothing is
  * moved at all. The allowance starts at 0 and grows by one largest chunk
- * every MOVES_PER_RAISE moves: a steady state that keeps moving chunks
- * settles where it needs none (it grows by 1/128 of the live peak, at least a
+ * every MOVES_PER_RAISE moves that came within RAISE_ALLOCS_PER_MOVE
+ * allocations a move: a steady state that keeps moving chunks often settles
+ * where it needs none, one that moves rarely keeps its few moves (it grows by 1/128 of the live peak, at least a
  * granule, at most a largest chunk). Trimming (gpumem__vm_allowance_reset) and a
  * full device set it back to 0. */
 static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
@@ -575,14 +588,25 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   if (limit != 0 && limit < cap) cap = limit;
   if (vp->st->reserved_bytes + add > cap && vp->nidle + vp->spare_gran > 0) {
     if (++vp->moves >= vp->raise_moves) {
-      /* by 1/128 of the live peak, at least a granule, at most a largest chunk */
-      uint64_t step = vp->st->allocated_peak / 128 / vp->gran;
-      if (step < 1) step = 1;
-      if (step > vp->chunk_max) step = vp->chunk_max;
+      /* by 1/128 of the live peak, at least a granule, at most a largest chunk; only when the moves
+       * came often (RAISE_ALLOCS_PER_MOVE) */
+      uint64_t allocs = vp->st->num_allocs - vp->moves_from; /* (wraps to large if the count went back: no raise) */
       vp->moves = 0;
-      vp->allowance += step * vp->gran;
-      LOG(vp, GPUMEM_LOG_DEBUG, "device %d: %u idle-chunk moves: new memory may now go %llu MiB past the live peak",
-          vp->dev, vp->raise_moves, (unsigned long long)(vp->allowance >> 20));
+      vp->moves_from = vp->st->num_allocs;
+      if (allocs <= (uint64_t)vp->raise_moves * RAISE_ALLOCS_PER_MOVE) {
+        uint64_t step = vp->st->allocated_peak / 128 / vp->gran;
+        if (step < 1) step = 1;
+        if (step > vp->chunk_max) step = vp->chunk_max;
+        vp->allowance += step * vp->gran;
+        LOG(vp, GPUMEM_LOG_DEBUG,
+            "device %d: %u idle-chunk moves in %llu allocations: new memory may now go %llu MiB past the live peak",
+            vp->dev, vp->raise_moves, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
+      } else {
+        LOG(vp, GPUMEM_LOG_DEBUG,
+            "device %d: %u idle-chunk moves in %llu allocations: rare enough, new memory stays within %llu MiB "
+            "past the live peak",
+            vp->dev, vp->raise_moves, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
+      }
     }
     /* a spare chunk that fits */
     for (size_t k = 0; k < vp->nspare; k++) {
@@ -678,6 +702,7 @@ void gpumem__vm_several_streams(gpumem__vmpool *vp, int several) {
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {
   vp->allowance = 0;
   vp->moves = 0;
+  vp->moves_from = vp->st->num_allocs;
 }
 
 gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *released) {
