@@ -571,13 +571,14 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   p->solo_r = NULL;
   for (size_t i = 0; i < p->nev; i++) (void)gpumem__be_event_destroy(ctx, p->device, p->evcache[i]);
   p->nev = 0;
-  for (size_t i = 0; i < p->scap; i++) {
-    if (p->stab[i] == NULL) continue;
-    if (p->stab[i]->has_mark) (void)gpumem__be_event_destroy(ctx, p->device, p->stab[i]->mev);
-    free(p->stab[i]->idx);
-    free(p->stab[i]);
-    p->stab[i] = NULL;
+  for (gpumem__srec *r = p->sfirst, *n; r != NULL; r = n) {
+    n = r->onext;
+    if (r->has_mark) (void)gpumem__be_event_destroy(ctx, p->device, r->mev);
+    free(r->idx);
+    free(r);
   }
+  if (p->scap > 0) memset(p->stab, 0, p->scap * sizeof *p->stab);
+  p->sfirst = p->slast = NULL;
   p->scount = 0;
   p->nmarks = 0;
   while (p->ffree != NULL) {

@@ -130,6 +130,7 @@ struct gpumem__srec {
   uint64_t mark_seq;           /* ... after its free number mark_seq */
   int has_mark;
   uint64_t sweep;              /* pool->sweeps when a call last named the stream (see gpumem__srec_reap) */
+  gpumem__srec *onext;         /* the pool's records in the order they were made (pool->sfirst) */
 };
 
 struct gpumem__batch {
@@ -159,6 +160,8 @@ struct gpumem__pool {
   uint64_t empty_bytes;
   gpumem__srec **stab;         /* open addressing, power-of-two capacity */
   size_t scap, scount;
+  gpumem__srec *sfirst, *slast; /* every record, oldest first: what walks all streams walks this, so
+                                 * the order blocks reach READY never depends on handle values */
   gpumem__batch *pending_head, *pending_tail;
   size_t npending;
   gpumem_event *evcache;

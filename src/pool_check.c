@@ -103,10 +103,12 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
   gpumem_status st = check_fidx(p, p->ready, IDX_READY, &seen);
   if (st != GPUMEM_OK) return st;
   size_t ns = 0;
-  for (size_t i = 0; i < p->scap; i++) {
-    gpumem__srec *r = p->stab[i];
-    if (r == NULL) continue;
+  size_t in_table = 0;
+  for (size_t i = 0; i < p->scap; i++) in_table += p->stab[i] != NULL;
+  CHECK(in_table == p->scount);
+  for (gpumem__srec *r = p->sfirst; r != NULL; r = r->onext) {
     ns++;
+    CHECK(ns <= p->scount && (r->onext != NULL || r == p->slast));
     CHECK(srec_find(p, r->stream) == r);
     CHECK(r->idx->srec == r);
     st = check_fidx(p, r->idx, IDX_STREAM, &seen);

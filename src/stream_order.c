@@ -36,6 +36,9 @@ gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s) {
   while (p->stab[i] != NULL) i = (i + 1) & (p->scap - 1);
   p->stab[i] = r;
   p->scount++;
+  if (p->slast != NULL) p->slast->onext = r;
+  else p->sfirst = r;
+  p->slast = r;
   return r;
 }
 
@@ -109,10 +112,8 @@ static void spares_trim(gpumem__pool *p) {
 size_t gpumem__srec_reap(gpumem__pool *p) {
   if (p->npending > 0 || p->nmarks > 0) gpumem__poll_pending(p); /* completed batches leave their records idle */
   size_t keep = 0;
-  for (size_t i = 0; i < p->scap; i++) {
-    gpumem__srec *r = p->stab[i];
-    if (r != NULL && !srec_idle(p, r) && !srec_orphan(p, r)) keep++;
-  }
+  for (gpumem__srec *r = p->sfirst; r != NULL; r = r->onext)
+    if (!srec_idle(p, r) && !srec_orphan(p, r)) keep++;
   p->sweeps++;
   size_t dropped = p->scount - keep;
   if (dropped > 0) {
@@ -122,17 +123,22 @@ size_t gpumem__srec_reap(gpumem__pool *p) {
     if (nt == NULL) { /* no host memory for the smaller table: keep every record, try at a later sweep */
       dropped = 0;
     } else {
-      for (size_t i = 0; i < p->scap; i++) {
-        gpumem__srec *r = p->stab[i];
-        if (r == NULL) continue;
+      gpumem__srec **link = &p->sfirst;
+      p->slast = NULL;
+      for (gpumem__srec *r = p->sfirst, *n; r != NULL; r = n) {
+        n = r->onext;
         if (srec_idle(p, r)) { /* (an orphaned record is idle now) */
           srec_free(r);
           continue;
         }
+        *link = r;
+        link = &r->onext;
+        p->slast = r;
         size_t j = stream_hash(r->stream) & (ncap - 1);
         while (nt[j] != NULL) j = (j + 1) & (ncap - 1);
         nt[j] = r;
       }
+      *link = NULL;
       free(p->stab);
       p->stab = nt;
       p->scap = ncap;
@@ -289,10 +295,10 @@ static void mark_release(gpumem__pool *p, gpumem__srec *r) {
 }
 
 static void poll_marks(gpumem__pool *p) {
-  for (size_t i = 0; i < p->scap && p->nmarks > 0; i++) {
-    gpumem__srec *r = p->stab[i];
+  for (gpumem__srec *r = p->sfirst, *n; r != NULL && p->nmarks > 0; r = n) {
+    n = r->onext;
     int done = 0;
-    if (r != NULL && r->has_mark && gpumem__be_event_query(p->ctx, p->device, r->mev, &done) == GPUMEM_OK && done)
+    if (r->has_mark && gpumem__be_event_query(p->ctx, p->device, r->mev, &done) == GPUMEM_OK && done)
       mark_release(p, r);
   }
 }
@@ -396,8 +402,8 @@ void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
  * single-stream pool's "dirty" READY). */
 int gpumem__pool_pending_blocks(const gpumem__pool *p) {
   if (p->npending > 0 || (p->orphans != NULL && p->orphans->nblocks > 0)) return 1;
-  for (size_t i = 0; i < p->scap; i++)
-    if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) return 1;
+  for (const gpumem__srec *r = p->sfirst; r != NULL; r = r->onext)
+    if (r->idx->nblocks > 0) return 1;
   return 0;
 }
 
@@ -538,11 +544,11 @@ void gpumem__sync_all(gpumem__pool *p) {
   if (gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
     dirty_clear(p);
     if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_SYNCED);
-    for (size_t i = 0; i < p->scap && p->nmarks > 0; i++)
-      if (p->stab[i] != NULL && p->stab[i]->has_mark) mark_drop(p, p->stab[i]);
+    for (gpumem__srec *r = p->sfirst; r != NULL && p->nmarks > 0; r = r->onext)
+      if (r->has_mark) mark_drop(p, r);
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
-    for (size_t i = 0; i < p->scap; i++)
-      if (p->stab[i] != NULL && p->stab[i]->idx->nblocks > 0) gpumem__drain_to_ready(p, p->stab[i]->idx);
+    for (gpumem__srec *r = p->sfirst; r != NULL; r = r->onext)
+      if (r->idx->nblocks > 0) gpumem__drain_to_ready(p, r->idx);
     if (p->orphans != NULL && p->orphans->nblocks > 0) gpumem__drain_to_ready(p, p->orphans);
     return;
   }
@@ -553,9 +559,9 @@ void gpumem__sync_all(gpumem__pool *p) {
     if (b->has_ev && gpumem__be_event_synchronize(p->ctx, p->device, b->ev) == GPUMEM_OK) batch_complete(p, b);
     b = n;
   }
-  for (size_t i = 0; i < p->scap && p->nmarks > 0; i++) {
-    gpumem__srec *r = p->stab[i];
-    if (r != NULL && r->has_mark && gpumem__be_event_synchronize(p->ctx, p->device, r->mev) == GPUMEM_OK)
+  for (gpumem__srec *r = p->sfirst, *n; r != NULL && p->nmarks > 0; r = n) {
+    n = r->onext;
+    if (r->has_mark && gpumem__be_event_synchronize(p->ctx, p->device, r->mev) == GPUMEM_OK)
       mark_release(p, r);
   }
   if (p->dirty && p->has_sev && p->sev_seq >= p->dirty_seq &&
