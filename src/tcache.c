@@ -59,7 +59,12 @@
 #define GPUMEM__TC_MEMBARRIER 0
 #endif
 
-#define TC_REKEY_MISSES 16 /* calls on another key before a non-empty cache is flushed and rekeyed */
+/* Calls on another key before a non-empty cache is flushed and rekeyed. The count restarts at the
+ * calls on the cache's key that reach this file (the pool's path), not at its inlined hits (they
+ * write nothing more), nor at a free the cache keeps: such a free is an inlined hit unless the block's
+ * slot in own[] was taken by a later block, which depends on addresses, and when a cache moves must
+ * not (it decides where later blocks go). */
+#define TC_REKEY_MISSES 16
 
 static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
 static gpumem__tc *g_list;
@@ -610,7 +615,6 @@ gpumem_status gpumem__tc_free(gpumem_context *ctx, void *ptr, gpumem_stream stre
     /* remembered with the state its next pop gives it: this thread's free of it after that claims
      * it without the index (tcache.h) */
     gpumem__tc_remember(c, b, key, state + 2u, bsize, k);
-    c->misses = 0;
     gpumem__tc_unlock(c);
     return GPUMEM_OK;
   }

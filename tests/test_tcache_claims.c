@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "../src/tcache.h" /* gpumem__tc_own_of: which remembered blocks share a slot */
 
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 
@@ -377,6 +378,63 @@ static void test_trace_with_warm_cache(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* ---- when a cache is rekeyed depends on the calls, not on the blocks' addresses ---------------- */
+
+/* The slot of the cache's table of remembered blocks an address goes to (the table's hash). */
+static size_t own_slot(const void *p) {
+  static gpumem__tc probe;
+  return (size_t)(gpumem__tc_own_of(&probe, (uintptr_t)p) - probe.own);
+}
+
+/* A cache keyed to stream A holding blocks is flushed and rekeyed after 16 calls on another stream.
+ * A free on A in between counts the same whether the freed block is still remembered (the inlined
+ * hit) or its slot was taken by a later block (the full path): otherwise when the cache moves, and
+ * so where later blocks go, would depend on where the backend put the memory. Run both ways. */
+static void rekey_after_misses(int collide) {
+  enum { N = 4096, SMALL = 256 };
+  const gpumem_stream A = (gpumem_stream)(uintptr_t)0xA0, B = (gpumem_stream)(uintptr_t)0xB0;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  static void *blk[N];
+  static int last_in[GPUMEM__TC_OWN]; /* (index + 1) of the newest block remembered in each slot */
+  memset(last_in, 0, sizeof last_in);
+  int x1 = -1, x2 = -1;
+  for (int i = 0; i < N; i++) {
+    assert_status(gpumem_alloc(ctx, 0, SMALL, A, &blk[i]), GPUMEM_OK);
+    last_in[own_slot(blk[i])] = i + 1;
+  }
+  /* collide: x1 shares its slot with x2, remembered after it; else both are still remembered */
+  for (int i = 0; i < N && x2 < 0; i++) {
+    int owner = last_in[own_slot(blk[i])] - 1;
+    if (collide && owner != i) x1 = i, x2 = owner;
+    if (!collide && owner == i) {
+      if (x1 < 0) x1 = i;
+      else x2 = i;
+    }
+  }
+  assert_true(x1 >= 0 && x2 > x1);
+  if (collide) assert_int_equal(own_slot(blk[x1]), own_slot(blk[x2]));
+  else assert_int_equal(last_in[own_slot(blk[x1])], x1 + 1); /* x1 is still remembered */
+  assert_status(gpumem_free(ctx, blk[x2], A), GPUMEM_OK); /* kept: the cache holds a block */
+  assert_int_equal(gpumem__tc_cached_bytes(), SMALL);
+  void *onb[16];
+  for (int i = 0; i < 15; i++) assert_status(gpumem_alloc(ctx, 0, SMALL, B, &onb[i]), GPUMEM_OK); /* 15 misses */
+  assert_status(gpumem_free(ctx, blk[x1], A), GPUMEM_OK); /* kept too */
+  assert_int_equal(gpumem__tc_cached_bytes(), 2 * SMALL);
+  assert_status(gpumem_alloc(ctx, 0, SMALL, B, &onb[15]), GPUMEM_OK); /* the 16th: flushed, keyed to B */
+  assert_int_equal(gpumem__tc_cached_bytes(), 0);
+  for (int i = 0; i < 16; i++) assert_status(gpumem_free(ctx, onb[i], B), GPUMEM_OK);
+  for (int i = 0; i < N; i++)
+    if (i != x1 && i != x2) assert_status(gpumem_free(ctx, blk[i], A), GPUMEM_OK);
+  assert_clean(ctx, N + 16);
+  tu_ctx_done(ctx);
+}
+
+static void test_rekey_counts_calls_not_slots(void **state) {
+  (void)state;
+  rekey_after_misses(0);
+  rekey_after_misses(1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_double_free_after_hit, tu_setup, tu_teardown),
@@ -388,6 +446,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_flush_keeps_live_memories, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_reset_drops_memories, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_trace_with_warm_cache, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_rekey_counts_calls_not_slots, tu_setup, tu_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
