@@ -54,22 +54,15 @@
 #define MOVES_PER_RAISE 16
 #endif
 /* ... once the pool has seen several streams. There a stream's frees wait for its events, so memory
- * in flight already lifts the peak above the live one: the allowance rises at half the rate. The
- * multi-stream replays hold less (two_models 1.062 -> 1.037, loader 1.030 -> 1.024, comm 1.047 ->
- * 1.029); live on an H200 the difference is within the run-to-run spread of memory in flight (A/B
- * runs 20 and 22, internals/HOT-PATH.md), at the same step times. Single-stream ResNet-50 training
- * paid 2.5 % a step for it (1.071 -> 1.056), so one stream keeps MOVES_PER_RAISE. */
+ * in flight already lifts the peak above the live one: the allowance rises at a third of the rate.
+ * Replays (cold; two_models, loader, comm) 1.062 / 1.030 / 1.047 at 16 moves, 1.025 / 1.024 / 1.022 at
+ * 48, two_models after 12 passes 1.096 at 32, 1.071 at 48. Live on an H200, three runs a side at 32
+ * and 48: two_models 1.031-1.065 -> 1.025-1.030 at median steps of 75-81 against 60-86 ms; comm
+ * within the spread of memory in flight (1.019-1.073 both). Single-stream ResNet-50 training paid
+ * 2.5 % a step for 32 (1.071 -> 1.056), so one stream keeps MOVES_PER_RAISE. */
 #ifndef MOVES_PER_RAISE_STREAMS
-#define MOVES_PER_RAISE_STREAMS 32
+#define MOVES_PER_RAISE_STREAMS 48
 #endif
-/* ... and only when those moves came often: within RAISE_ALLOCS_PER_MOVE allocations of the pool per
- * move. A workload that settles into rare moves (dynamic shapes, a generation loop, two streams whose
- * allocations interleave differently every step) would otherwise keep raising the allowance for ever:
- * replayed 48 times, BERT with dynamic shapes crept from 1.042 to 1.109, GPT-2 generation from 1.003 to
- * 1.065, and paid no fewer moves for it. Moves slower than this rate cost little (a move is 60-330 us;
- * one per 64 allocations is 2-5 % of the step of the recorded trainings, and their steady states move
- * less): the memory is not worth it. 32 keeps more moves (multi-stream replays 250-400 a pass), 128 lets
- * most of the creep back (figures: docs/internals/HOT-PATH.md). */
 #ifndef RAISE_ALLOCS_PER_MOVE
 #define RAISE_ALLOCS_PER_MOVE 64
 #endif
