@@ -56,9 +56,10 @@
 /* ... once the pool has seen several streams. There a stream's frees wait for its events, so memory
  * in flight already lifts the peak above the live one: the allowance rises at a third of the rate.
  * Replays (cold; two_models, loader, comm) 1.062 / 1.030 / 1.047 at 16 moves, 1.025 / 1.024 / 1.022 at
- * 48, two_models after 12 passes 1.096 at 32, 1.071 at 48. Live on an H200, three runs a side at 32
- * and 48: two_models 1.031-1.065 -> 1.025-1.030 at median steps of 75-81 against 60-86 ms; comm
- * within the spread of memory in flight (1.019-1.073 both). Single-stream ResNet-50 training paid
+ * 48, two_models after 12 passes 1.096 at 32, 1.071 at 48. Live on two H200s, six runs a side of
+ * two_models: 1.031-1.065 at 32, 1.025-1.065 at 48, at the same step times (the peak takes two values,
+ * about 2650 and 2750 MiB, with either); comm within the spread of memory in flight (1.019-1.073 both).
+ * 48 is kept for the replays. Single-stream ResNet-50 training paid
  * 2.5 % a step for 32 (1.071 -> 1.056), so one stream keeps MOVES_PER_RAISE. */
 #ifndef MOVES_PER_RAISE_STREAMS
 #define MOVES_PER_RAISE_STREAMS 48
