@@ -106,6 +106,7 @@ static gpumem_status pool_check_locked(gpumem__pool *p, int check_map, uint64_t 
   size_t in_table = 0;
   for (size_t i = 0; i < p->scap; i++) in_table += p->stab[i] != NULL;
   CHECK(in_table == p->scount);
+  CHECK((p->sfirst == NULL) == (p->slast == NULL) && (p->slast == NULL || p->slast->onext == NULL));
   for (gpumem__srec *r = p->sfirst; r != NULL; r = r->onext) {
     ns++;
     CHECK(ns <= p->scount && (r->onext != NULL || r == p->slast));

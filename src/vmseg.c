@@ -59,11 +59,19 @@
  * 48, two_models after 12 passes 1.096 at 32, 1.071 at 48. Live on two H200s, six runs a side of
  * two_models: 1.031-1.065 at 32, 1.025-1.065 at 48, at the same step times (the peak takes two values,
  * about 2650 and 2750 MiB, with either); comm within the spread of memory in flight (1.019-1.073 both).
- * 48 is kept for the replays. Single-stream ResNet-50 training paid
- * 2.5 % a step for 32 (1.071 -> 1.056), so one stream keeps MOVES_PER_RAISE. */
+ * 48 is kept for the replays. Single-stream ResNet-50 training paid 2.5 % a step for 32 (1.071 ->
+ * 1.056), so one stream keeps MOVES_PER_RAISE. */
 #ifndef MOVES_PER_RAISE_STREAMS
 #define MOVES_PER_RAISE_STREAMS 48
 #endif
+/* ... and only when those moves came often: within RAISE_ALLOCS_PER_MOVE allocations of the pool per
+ * move. A workload that settles into rare moves (dynamic shapes, a generation loop, two streams whose
+ * allocations interleave differently every step) would otherwise keep raising the allowance for ever:
+ * replayed 48 times, BERT with dynamic shapes crept from 1.042 to 1.109, GPT-2 generation from 1.003 to
+ * 1.065, and paid no fewer moves for it. Moves slower than this rate cost little (a move is 60-330 us;
+ * one per 64 allocations is 2-5 % of the step of the recorded trainings, and their steady states move
+ * less): the memory is not worth it. 32 keeps more moves (multi-stream replays 250-400 a pass), 128 lets
+ * most of the creep back (figures: docs/internals/HOT-PATH.md). */
 #ifndef RAISE_ALLOCS_PER_MOVE
 #define RAISE_ALLOCS_PER_MOVE 64
 #endif
