@@ -416,6 +416,13 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
  * Compiled in every build; tests may call it. Takes each pool lock in turn.
  */
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
+/**
+ * For tests (not API): how many invariant checks have failed in this process (pool_check.c counts
+ * every failure it logs). GPUMEM_DEBUG builds check after every call and only log, so the test
+ * suite reads this count to turn a logged failure into a failed test. *last (when not NULL) gets the
+ * last failed condition's text (NULL when none failed).
+ */
+uint64_t gpumem__invariant_failures(const char **last);
 /** For tests (not API): the bytes the calling thread's cache holds (0 when it has none). */
 uint64_t gpumem__tc_cached_bytes(void);
 /** For tests (not API): the stream records the pool of a device holds (0 when it has no pool). */

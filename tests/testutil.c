@@ -179,6 +179,23 @@ static gpumem_context *tu_keeper_new(void) {
   return k;
 }
 
+/* src/internal.h (the tests link the static library): failed invariant checks so far. A
+ * GPUMEM_DEBUG_CHECKS build checks the pool after every call and only logs (with GPUMEM_LOG=off
+ * under ctest, nowhere), so every test reads the count when a context ends and at teardown. */
+uint64_t gpumem__invariant_failures(const char **last);
+
+static uint64_t tu_inv_seen; /* failures already reported (each test reports its own) */
+
+static int tu_invariants_held(void) {
+  const char *last = NULL;
+  uint64_t n = gpumem__invariant_failures(&last);
+  if (n == tu_inv_seen) return 1;
+  print_error("%llu invariant check(s) failed in the library, the last: %s\n", (unsigned long long)(n - tu_inv_seen),
+              last != NULL ? last : "?");
+  tu_inv_seen = n;
+  return 0;
+}
+
 void tu_ctx_done(gpumem_context *ctx) {
   assert_non_null(ctx);
   tu_ctx_forget(ctx);
@@ -199,6 +216,7 @@ void tu_ctx_done(gpumem_context *ctx) {
       fail();
     }
   }
+  if (!tu_invariants_held()) fail();
 }
 
 int tu_setup(void **state) {
@@ -223,7 +241,7 @@ int tu_teardown(void **state) {
   }
   tu_env_restore_to(0);
   tu_env_base = 0;
-  return 0;
+  return tu_invariants_held() ? 0 : -1;
 }
 
 /* ---------------------------------------------------------------------- */
