@@ -519,6 +519,12 @@ gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
 /* ---------------------------------------------------------------------- */
 /* Busy bytes and mapping                                                  */
 
+/* The 64 bits of bit map bm from bit x on; bit x + 63 must be in the map. */
+static inline uint64_t bits64(const uint64_t *bm, uint32_t x) {
+  uint32_t i = x >> 6, s = x & 63;
+  return s == 0 ? bm[i] : (bm[i] >> s) | (bm[i + 1] << (64 - s));
+}
+
 int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t last, size_t size, size_t cap,
                            size_t *budget, uintptr_t *addr, size_t *cost) {
   if (size == 0 || last < lo || *budget == 0) return 0;
@@ -533,8 +539,7 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
    * once a window costs that much the scan stops: none after it can cost less. */
   if (cap <= (size_t)w - 1) return 0;
   if (gend >= vs->hi) gend = vs->hi > g ? vs->hi - 1 : g; /* (a start at or above hi: nothing mapped) */
-  size_t c = 0;
-  for (uint32_t k = g; k < g + w; k++) c += gpumem__vm_gran_cost(vs, k);
+  size_t c = gpumem__vm_place_cost(vs, vs->base + ((uintptr_t)g << sh), (size_t)w << sh, SIZE_MAX);
   *budget = *budget > w ? *budget - w : 0;
   size_t best = cap;
   uint32_t bg = 0;
@@ -545,6 +550,24 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
       if (best <= (size_t)w - 1) break;
     }
     if (g == gend || *budget == 0) break;
+    /* Here best <= c. A step lowers c only where the granule coming in costs less than the one going
+     * out; the steps before the first such one (up to 64 at a time, from the bit maps) cannot give a
+     * new best, and are taken at once, counted in the budget as one by one. */
+    if (gend - g >= 64 && *budget >= 64) { /* (then every bit read is of a granule the steps would read) */
+      uint64_t oi = bits64(vs->idleb, g), ou = bits64(vs->unmb, g);
+      uint64_t ii = bits64(vs->idleb, g + w), iu = bits64(vs->unmb, g + w);
+      /* (cost = idle + unmapped, and an unmapped granule is idle: in < out exactly where this is set) */
+      uint64_t lower = (~ii & oi) | (~iu & ou);
+      uint32_t n = lower != 0 ? (uint32_t)__builtin_ctzll(lower) : 64;
+      if (n > 0) {
+        uint64_t m = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+        c = c + gpumem__vm_popcount(ii & m) + gpumem__vm_popcount(iu & m) - gpumem__vm_popcount(oi & m) -
+            gpumem__vm_popcount(ou & m);
+        g += n;
+        *budget -= n;
+        continue;
+      }
+    }
     --*budget;
     /* (g + w <= the last granule of [lo, last + size)) */
     c = c - gpumem__vm_gran_cost(vs, g) + gpumem__vm_gran_cost(vs, g + w);
@@ -556,13 +579,42 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
   return 1;
 }
 
-void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta) {
+void gpumem__vm_busy_runs(gpumem__vmspace *vs, uintptr_t off, uintptr_t end, int delta) {
+  const unsigned sh = vs->gshift;
+  uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((end - 1) >> sh);
+  uint32_t *busy = vs->busy;
+  const uint32_t *cid = vs->cid;
+  uint64_t *idleb = vs->idleb;
+  uint32_t rc = GPUMEM__VM_NIL, rn = 0; /* the run: chunk, granules */
+  for (; g <= last; g++) {
+    uintptr_t lo = (uintptr_t)g << sh, hi = lo + ((uintptr_t)1 << sh);
+    if (lo < off) lo = off;
+    if (hi > end) hi = end;
+    uint32_t bytes = (uint32_t)(hi - lo), was = busy[g];
+    busy[g] = delta > 0 ? was + bytes : was - bytes;
+    if ((delta > 0 ? was : busy[g]) != 0) continue; /* no change of state */
+    idleb[g >> 6] ^= (uint64_t)1 << (g & 63); /* (the bit said busy[g] == 0) */
+    uint32_t c = cid[g];
+    if (c == GPUMEM__VM_NIL) continue;
+    if (c == rc) {
+      rn++;
+    } else {
+      if (rn != 0) gpumem__vm_chunk_busy(vs, rc, rn, delta);
+      rc = c;
+      rn = 1;
+    }
+  }
+  if (rn != 0) gpumem__vm_chunk_busy(vs, rc, rn, delta);
+}
+
+void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delta) {
   gpumem__vmpool *vp = vs->vp;
-  uint32_t i = vs->cid[g];
   if (delta > 0) {
-    if (vp->ch[i].nbusy++ == 0) idle_remove(vp, i);
+    if (vp->ch[i].nbusy == 0) idle_remove(vp, i);
+    vp->ch[i].nbusy += n;
   } else {
-    if (--vp->ch[i].nbusy == 0) idle_push(vp, i);
+    vp->ch[i].nbusy -= n;
+    if (vp->ch[i].nbusy == 0) idle_push(vp, i);
   }
 }
 

@@ -127,17 +127,27 @@ struct gpumem__vmspace {
 
 #define GPUMEM__VM_NIL UINT32_MAX
 
-/* Out of line: granule g's busy bytes went from 0 to more (delta > 0) or back to 0 (delta < 0) and a chunk is
- * mapped there; its chunk's busy granule count moves, and the chunk leaves or joins the idle list. */
-void gpumem__vm_granule_busy(gpumem__vmspace *vs, uint32_t g, int delta);
+/* Out of line: n granules of chunk i (n > 0, all of them mapped there) went from no busy bytes to
+ * some (delta > 0) or back to none (delta < 0); the chunk's busy granule count moves by n, and the
+ * chunk leaves or joins the idle list. */
+void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delta);
+/* Out of line: gpumem__vm_busy over more than a few granules (offsets from the space's base). */
+void gpumem__vm_busy_runs(gpumem__vmspace *vs, uintptr_t off, uintptr_t end, int delta);
 
-/** [addr, addr+size) becomes busy (delta > 0) or stops being busy (delta < 0). */
+/** [addr, addr+size) becomes busy (delta > 0) or stops being busy (delta < 0). Granule by granule;
+ * over more than 8 (a large block spans hundreds, of a few chunks) gpumem__vm_busy_runs counts a
+ * chunk's granules that change once per run of them, which changes the idle list the same way and
+ * in the same order. */
 static inline void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t size, int delta) {
   if (size == 0) return;
   const unsigned sh = vs->gshift;
   uintptr_t off = addr - vs->base, end = off + size;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((end - 1) >> sh);
   uint32_t *busy = vs->busy;
+  if (last - g >= 8) {
+    gpumem__vm_busy_runs(vs, off, end, delta);
+    return;
+  }
   for (; g <= last; g++) {
     uintptr_t lo = (uintptr_t)g << sh, hi = lo + ((uintptr_t)1 << sh);
     if (lo < off) lo = off;
@@ -146,14 +156,14 @@ static inline void gpumem__vm_busy(gpumem__vmspace *vs, uintptr_t addr, size_t s
     if (delta > 0) {
       if (busy[g] == 0) {
         vs->idleb[g >> 6] &= ~((uint64_t)1 << (g & 63));
-        if (vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, +1);
+        if (vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_chunk_busy(vs, vs->cid[g], 1, +1);
       }
       busy[g] += bytes;
     } else {
       busy[g] -= bytes;
       if (busy[g] == 0) {
         vs->idleb[g >> 6] |= (uint64_t)1 << (g & 63);
-        if (vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_granule_busy(vs, g, -1);
+        if (vs->cid[g] != GPUMEM__VM_NIL) gpumem__vm_chunk_busy(vs, vs->cid[g], 1, -1);
       }
     }
   }
