@@ -795,6 +795,7 @@ static void test_vm_roundtrip(void **state) {
   assert_int_equal(be.vm_map(&be, 0, va + 4 * G, 4096, h3), GPUMEM_SIM_ERR_INVALID_VALUE); /* size */
   assert_int_equal(be.vm_map(&be, 0, va + 2 * G, G, h3), GPUMEM_SIM_ERR_INVALID_VALUE);  /* overlap */
   assert_int_equal(be.vm_map(&be, 0, va + G, 2 * G, h3), GPUMEM_SIM_ERR_INVALID_VALUE);  /* overlap, bigger than h3 */
+  assert_int_equal(be.vm_map(&be, 0, va + G, G, h3), GPUMEM_SIM_ERR_INVALID_VALUE);  /* inside the mapping before */
   assert_int_equal(be.vm_map(&be, 0, va + 4 * G, 2 * G, h3), GPUMEM_SIM_ERR_INVALID_VALUE); /* bigger than h3 */
   assert_int_equal(be.vm_map(&be, 0, va + 9 * G, G, h3), GPUMEM_SIM_ERR_INVALID_VALUE);  /* past the reservation */
   assert_int_equal(be.vm_map(&be, 0, va + 8 * G, 2 * G, h1), GPUMEM_SIM_ERR_INVALID_VALUE); /* straddles the end */
@@ -802,6 +803,7 @@ static void test_vm_roundtrip(void **state) {
   assert_int_equal(be.vm_map(&be, 0, NULL, G, h3), GPUMEM_SIM_ERR_INVALID_VALUE);
   assert_int_equal(be.vm_map(&be, 1, va + 4 * G, G, h3), GPUMEM_SIM_ERR_INVALID_VALUE); /* other device */
   assert_int_equal(be.vm_unmap(&be, 0, va, G), GPUMEM_SIM_ERR_INVALID_VALUE);      /* half of a mapping */
+  assert_int_equal(be.vm_unmap(&be, 0, va + G, 2 * G), GPUMEM_SIM_ERR_INVALID_VALUE); /* starts inside one */
   assert_int_equal(be.vm_unmap(&be, 0, va + 2 * G, 2 * G), GPUMEM_SIM_ERR_INVALID_VALUE); /* gap */
   assert_int_equal(be.vm_unmap(&be, 0, va + 4 * G, G), GPUMEM_SIM_ERR_INVALID_VALUE); /* nothing mapped */
   assert_int_equal(be.vm_unmap(&be, 1, va, 2 * G), GPUMEM_SIM_ERR_INVALID_VALUE);  /* other device */
@@ -833,8 +835,9 @@ static void test_vm_roundtrip(void **state) {
   assert_int_equal(be.vm_destroy(&be, 0, h2), 0); /* never mapped again: uncharged at once */
   assert_int_equal(used(0), G);
   /* a chunk may be mapped at two places (no aliasing in the sim) */
+  assert_int_equal(be.vm_map(&be, 0, va + 8 * G, G, h3), 0); /* (out of address order) */
   assert_int_equal(be.vm_map(&be, 0, va + 6 * G, G, h3), 0);
-  assert_int_equal(be.vm_map(&be, 0, va + 8 * G, G, h3), 0);
+  assert_int_equal(be.vm_map(&be, 0, va + 8 * G, G, h3), GPUMEM_SIM_ERR_INVALID_VALUE); /* mapped there */
   va[8 * G + 1] = 5;
   assert_int_equal(be.vm_destroy(&be, 0, h3), 0);
   assert_int_equal(be.vm_unmap(&be, 0, va + 6 * G, G), 0);

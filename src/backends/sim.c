@@ -245,7 +245,7 @@ typedef struct sim_resv { /* a vm_reserve() range */
   struct sim_resv *next;
   char *va;
   size_t size;
-  sim_mapping *maps;
+  sim_mapping *maps; /* sorted by address, none overlapping */
   size_t nmaps, capmaps;
 } sim_resv;
 
@@ -1508,6 +1508,17 @@ static int sim_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) 
   return rc;
 }
 
+/* The first of r's mappings (sorted by address) that starts at or above p. Lock held. */
+static size_t sim__map_at(const sim_resv *r, const char *p) {
+  size_t lo = 0, hi = r->nmaps;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (r->maps[mid].va < p) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
   (void)be;
   int rc;
@@ -1521,10 +1532,10 @@ static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpu
     sim_resv *r = sim__resv_containing(d, p, size);
     sim_chunk *c = sim__chunk(d, h);
     if (!r || !c || c->destroyed || size > c->size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-    for (size_t i = 0; rc == 0 && i < r->nmaps; i++) {
-      const sim_mapping *m = &r->maps[i];
-      if (p < m->va + m->size && m->va < p + size) rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* overlap */
-    }
+    size_t at = rc == 0 ? sim__map_at(r, p) : 0;
+    if (rc == 0 && ((at > 0 && r->maps[at - 1].va + r->maps[at - 1].size > p) ||
+                    (at < r->nmaps && r->maps[at].va < p + size)))
+      rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* overlap */
     if (rc == 0 && r->nmaps == r->capmaps) {
       size_t ncap = r->capmaps ? r->capmaps * 2 : 8;
       sim_mapping *nm = realloc(r->maps, ncap * sizeof *nm);
@@ -1536,9 +1547,10 @@ static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpu
     }
     if (rc == 0 && mprotect(p, size, PROT_READ | PROT_WRITE) != 0) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
     if (rc == 0) {
-      r->maps[r->nmaps].va = p;
-      r->maps[r->nmaps].size = size;
-      r->maps[r->nmaps].handle = h;
+      memmove(&r->maps[at + 1], &r->maps[at], (r->nmaps - at) * sizeof *r->maps);
+      r->maps[at].va = p;
+      r->maps[at].size = size;
+      r->maps[at].handle = h;
       r->nmaps++;
       c->nmapped++;
     }
@@ -1558,13 +1570,16 @@ static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
   if (d) {
     char *p = va;
     sim_resv *r = sim__resv_containing(d, p, size);
-    size_t covered = 0;
+    size_t covered = 0, at = 0, end = 0;
     if (!r) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-    /* the range must consist of whole mappings, without gaps */
-    for (size_t i = 0; rc == 0 && i < r->nmaps; i++) {
-      const sim_mapping *m = &r->maps[i];
-      if (m->va >= p && m->va + m->size <= p + size) covered += m->size;
-      else if (p < m->va + m->size && m->va < p + size) rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* partial */
+    /* the range must consist of whole mappings, without gaps: [at, end) of the sorted maps */
+    if (rc == 0) {
+      at = end = sim__map_at(r, p); /* (one that starts below p and reaches into the range leaves it short) */
+      for (; rc == 0 && end < r->nmaps && r->maps[end].va < p + size; end++) {
+        const sim_mapping *m = &r->maps[end];
+        if (m->va + m->size <= p + size) covered += m->size;
+        else rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* partial */
+      }
     }
     if (rc == 0 && covered != size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
     if (rc == 0) {
@@ -1574,20 +1589,16 @@ static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
          * kernel mappings; replace the range to be sure it is inaccessible */
         mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
       }
-      size_t i = 0;
-      while (i < r->nmaps) {
+      for (size_t i = at; i < end; i++) {
         sim_mapping m = r->maps[i];
-        if (m.va >= p && m.va + m.size <= p + size) {
-          r->maps[i] = r->maps[--r->nmaps];
-          sim_chunk *c = sim__chunk(d, m.handle);
-          if (c) {
-            c->nmapped--;
-            sim__chunk_maybe_drop(d, m.handle, c);
-          }
-        } else {
-          i++;
+        sim_chunk *c = sim__chunk(d, m.handle);
+        if (c) {
+          c->nmapped--;
+          sim__chunk_maybe_drop(d, m.handle, c);
         }
       }
+      memmove(&r->maps[at], &r->maps[end], (r->nmaps - end) * sizeof *r->maps);
+      r->nmaps -= end - at;
     }
   }
   pthread_mutex_unlock(&g_lock);
