@@ -25,7 +25,7 @@ gpumem_status gpumem__vm_check_seg(gpumem__pool *p, gpumem__segment *s) {
     if (b->idx == NULL || b->idx->kind != IDX_READY) gpumem__vm_check_add(s->vm, b->addr, b->size);
   const char *why = gpumem__vm_check_end(s->vm);
   if (why == NULL) return GPUMEM_OK;
-  failed("expandable segment mapping");
+  failed(why); /* (a literal: it outlives the call) */
   LOG(p, GPUMEM_LOG_ERROR, "invariant violated (device %d): expandable segment at %p: %s", p->device,
       (void *)s->base, why);
   return GPUMEM_ERR_INTERNAL;
