@@ -715,6 +715,7 @@ int gpumem__pool_is_graph(const gpumem__pool *p) { return p->graph; }
 void gpumem__pool_set_limit(gpumem__pool *p, uint64_t limit) {
   gpumem__mutex_lock(&p->lock);
   p->limit = limit;
+  p->limit_held = limit != 0 && p->st.reserved_bytes > limit ? p->st.reserved_bytes : 0;
   gpumem__mutex_unlock(&p->lock);
 }
 

@@ -154,6 +154,8 @@ struct gpumem__pool {
   gpumem__mutex lock;
   uint64_t total;              /* device total bytes */
   uint64_t limit;              /* 0 = none */
+  uint64_t limit_held;         /* reserved bytes when a limit below them was set (0: none): growth
+                                * never passes the limit, but memory reserved before it stays */
   gpumem__fidx *ready;
   gpumem__segment *segs;
   gpumem__segment *empty;

@@ -1,5 +1,9 @@
-/* Limits: limit_bytes, limit_fraction, LIMIT_EXCEEDED without growing, initial_bytes. */
+/* Limits: limit_bytes, limit_fraction, LIMIT_EXCEEDED without growing, initial_bytes, a limit lowered
+ * below what is reserved. */
 #include "testutil.h"
+
+/* src/internal.h (the tests link the static library) */
+gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 
 static void test_limit_bytes(void **state) {
   (void)state;
@@ -136,12 +140,59 @@ static void test_refusal_counted_once(void **state) {
   tu_log_free(log);
 }
 
+/* A limit set below what is reserved: cached memory above it goes back at once, live memory stays
+ * (reserved over the limit, every invariant holding), nothing grows until the memory is freed, and
+ * then the pool fits under the new limit. */
+static void test_limit_lowered_below_live(void **state) {
+  (void)state;
+  gpumem_config cfg;
+  tu_config(&cfg);
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *live = NULL, *spare = NULL, *p = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, NULL, &live), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, NULL, &spare), GPUMEM_OK);
+  tu_stamp(live, 48 * TU_MiB, 7);
+  assert_status(gpumem_free(ctx, spare, NULL), GPUMEM_OK);
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_true(before.reserved_bytes >= 64 * TU_MiB);
+  const uint64_t lim = 32 * TU_MiB;
+  assert_status(gpumem_set_limit(ctx, 0, lim), GPUMEM_OK);
+  uint64_t got = 0;
+  assert_status(gpumem_get_limit(ctx, 0, &got), GPUMEM_OK);
+  assert_true(got == lim);
+  gpumem_stats mid = tu_stats(ctx, 0);
+  tu_assert_stats_sane(&mid);
+  assert_true(mid.reserved_bytes > lim);                                   /* the live block stays */
+  assert_true(mid.reserved_bytes + 16 * TU_MiB <= before.reserved_bytes); /* the cached 16 MiB went back */
+  assert_true(mid.allocated_bytes == before.allocated_bytes);
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+  /* nothing grows while over the limit */
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, NULL, &p), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(p, (void *)0x1);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_true(after.reserved_bytes == mid.reserved_bytes);
+  assert_true(tu_stamp_ok(live, 48 * TU_MiB, 7));
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+  /* once freed and trimmed the pool is under the limit, and a request up to it fits */
+  assert_status(gpumem_free(ctx, live, NULL), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  after = tu_stats(ctx, 0);
+  assert_true(after.reserved_bytes <= lim);
+  assert_status(gpumem_alloc(ctx, 0, 30 * TU_MiB, NULL, &p), GPUMEM_OK);
+  after = tu_stats(ctx, 0);
+  assert_true(after.reserved_bytes <= lim);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  assert_status(gpumem__check_invariants(ctx), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_limit_bytes),
       TU_TEST(test_limit_fraction),
       TU_TEST(test_initial_bytes),
       TU_TEST(test_refusal_counted_once),
+      TU_TEST(test_limit_lowered_below_live),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
