@@ -22,6 +22,14 @@
  * on CUDA that is cudaGetDeviceProperties and more per call, which kept the
  * bert_dyn and gpt2_gen replays on the H200 from finishing in 90 s.)
  *
+ * --sim-lag N / --sim-behind N (sim): the simulated device runs behind the
+ * host, and each trace also reports its stream-order floor: the peak of an
+ * ideal allocator under the same stream-order rules (a stream reuses its own
+ * frees at once, others' once the device completed them) with memory that
+ * divides freely (stream_order_floor below). peak_reserved over the floor
+ * is what placement costs; the floor over peak_live is what the device
+ * running behind costs any allocator that keeps the contract.
+ *
  * The backend is wrapped (gpumem_builtin_backend, a copy whose virtual-memory
  * methods count their calls and the time spent in them), so every run also
  * reports the virtual-memory calls of expandable segments: vm_map (on CUDA
@@ -81,6 +89,7 @@ typedef struct result {
   int streams_null;        /* backend without stream support in the tools: NULL for all */
   int vm_counted;
   vm_counts vm;            /* of the last timed run */
+  uint64_t floor;          /* --sim-lag / --sim-behind: the stream-order floor (0: not computed) */
 } result;
 
 /* ---- the counting wrapper ------------------------------------------------ *
@@ -190,6 +199,8 @@ static void usage(FILE *f) {
           "  --sim-lag N      sim: the device completes queued work only every N events (a GPU behind the host)\n"
           "  --sim-behind N   sim: the device completes work N events after it was queued (a GPU a constant\n"
           "                   distance behind the host)\n"
+          "                   (with either: the stream-order floor, the least any allocator that keeps the\n"
+          "                   stream order could hold with the device that far behind)\n"
           "  --warm N         replay the trace N times untimed in the same context first (a warm pool, as in\n"
           "                   gpumem-bench's trace pattern); figures and vm calls are of the timed pass\n"
           "  --json           JSON output instead of the table\n"
@@ -272,6 +283,75 @@ static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_eve
   }
   *at = i;
   return st;
+}
+
+/* The stream-order floor of a trace replayed with the simulated device behind the host: the peak
+ * that an allocator holding to the stream-order contract (DESIGN.md, Allocation) and wasting nothing
+ * to block boundaries, alignment or placement would reach. Memory is taken as freely divisible: a
+ * free on stream S may serve S's next allocations at once, any stream's once the device completed
+ * the work queued before the free (as the sim model completes it: --sim-lag at the end of the free's
+ * window of `lag` events, --sim-behind `behind` events later), and the floor grows only by what an
+ * allocation finds in neither. A stream takes its own newest frees first (their work completes
+ * last). Sizes are the requested ones, as in peak_live, over one pass from an empty pool. Without a
+ * lag every free completes at once and the floor is peak_live. Returns 0 when out of host memory. */
+typedef struct floor_free {
+  uint64_t avail;  /* first event at which every stream may take it */
+  uint64_t bytes;  /* not yet taken by its own stream */
+  uint32_t below;  /* the previous entry of the same stream's stack (UINT32_MAX: none) */
+} floor_free;
+
+static uint64_t stream_order_floor(const tools_trace *t, size_t lag, size_t behind) {
+  size_t n = t->num_events;
+  floor_free *q = malloc((n ? n : 1) * sizeof *q);    /* frees in event order: avail never decreases */
+  uint32_t *top = malloc((t->num_streams + 1) * sizeof *top); /* each stream's newest entry */
+  uint64_t *size = calloc(t->num_allocs + 1, sizeof *size);
+  if (!q || !top || !size) {
+    free(q);
+    free(top);
+    free(size);
+    return 0;
+  }
+  for (size_t k = 0; k <= t->num_streams; k++) top[k] = UINT32_MAX;
+  size_t head = 0, nq = 0;
+  uint64_t ready = 0, floor = 0;
+  for (size_t i = 0; i < n; i++) {
+    const tools_event *e = &t->events[i];
+    for (; head < nq && q[head].avail <= i; head++) { /* completed: every stream's */
+      ready += q[head].bytes;
+      q[head].bytes = 0;
+    }
+    if (e->is_alloc) {
+      uint64_t need = e->size;
+      size[e->slot] = e->size;
+      uint32_t *tp = &top[e->stream];
+      while (need > 0 && *tp != UINT32_MAX) {
+        floor_free *f = &q[*tp];
+        uint64_t take = f->bytes < need ? f->bytes : need;
+        f->bytes -= take;
+        need -= take;
+        if (f->bytes == 0) *tp = f->below;
+      }
+      uint64_t take = ready < need ? ready : need;
+      ready -= take;
+      floor += need - take;
+    } else {
+      uint64_t b = size[e->slot];
+      size[e->slot] = 0;
+      if (b == 0) continue;
+      uint64_t avail = i + 1;
+      if (lag != 0) avail = (uint64_t)(i / lag) * lag + lag;
+      else if (behind != 0) avail = (uint64_t)i + behind + 1;
+      q[nq].avail = avail;
+      q[nq].bytes = b;
+      q[nq].below = top[e->stream];
+      top[e->stream] = (uint32_t)nq;
+      nq++;
+    }
+  }
+  free(q);
+  free(top);
+  free(size);
+  return floor;
 }
 
 /* One replay. Returns 0 or -1 (message in r->error). */
@@ -446,6 +526,8 @@ static void replay_trace(const options *o, const tools_trace *t, result *r) {
   }
   r->ok = ok;
   if (ok) r->ns_per_event = tools_median(r->ns_runs, (size_t)o->repeat);
+  if (ok && !strcmp(bname, "sim") && (o->sim_lag != 0 || o->sim_behind != 0))
+    r->floor = stream_order_floor(t, o->sim_lag, o->sim_behind);
   tools_streams_destroy(bname, o->device, nonzero + 1, tmp);
   gpumem_destroy(probe, GPUMEM_DESTROY_FORCE);
   free(tmp);
@@ -567,6 +649,10 @@ int main(int argc, char **argv) {
           fprintf(jf, ", \"mem_get_info_calls\": %llu, \"mem_get_info_ns\": %llu", (unsigned long long)r.vm.meminfo,
                   (unsigned long long)r.vm.meminfo_ns);
         }
+        if (r.floor != 0 && t.peak_live != 0)
+          fprintf(jf, ", \"floor_bytes\": %llu, \"floor_ratio\": %.4f, \"held_over_floor\": %.4f",
+                  (unsigned long long)r.floor, (double)r.floor / (double)t.peak_live,
+                  (double)r.reserved_peak / (double)r.floor);
       }
       fprintf(jf, "}");
     }
@@ -588,6 +674,10 @@ int main(int argc, char **argv) {
         for (int k = 0; k < SOC_N_; k++) printf(" %s %llu", soc_name[k], (unsigned long long)r.vm.so[k]);
         printf("; mem_get_info %llu (%.1f ms)\n", (unsigned long long)r.vm.meminfo, (double)r.vm.meminfo_ns / 1e6);
       }
+      if (r.floor != 0 && t.peak_live != 0)
+        printf("  stream-order floor: %llu bytes (%.3f of peak_live; held %.3f of it)\n",
+               (unsigned long long)r.floor, (double)r.floor / (double)t.peak_live,
+               (double)r.reserved_peak / (double)r.floor);
       if (r.streams_null) printf("  note: %zu streams replayed on the default stream (no stream support for this backend in the tools)\n", t.num_streams);
       if (t.num_unmatched_frees) printf("  note: %zu frees of unknown IDs skipped\n", t.num_unmatched_frees);
     } else {
