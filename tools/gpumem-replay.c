@@ -262,6 +262,14 @@ static void sim_after(sim_model *m, size_t i) {
   if (m->behind != 0 && ++m->clock > m->behind) gpumem_sim_complete_before(m->clock - m->behind);
 }
 
+/* The first event of a pass at which work queued at its event i has completed, as sim_after
+ * completes it (i + 1 when the device keeps up). */
+static uint64_t sim_done_at(const sim_model *m, size_t i) {
+  if (m->lag != 0) return (uint64_t)(i / m->lag) * m->lag + m->lag;
+  if (m->behind != 0) return (uint64_t)i + m->behind + 1;
+  return (uint64_t)i + 1;
+}
+
 /* The events in order: each allocation into ptrs[slot], each free of it (its slot then NULL), the
  * simulated device behind the host as m says. Stops at the first failure: *at is its event (n when
  * none failed). */
@@ -289,8 +297,8 @@ static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_eve
  * that an allocator holding to the stream-order contract (DESIGN.md, Allocation) and wasting nothing
  * to block boundaries, alignment or placement would reach. Memory is taken as freely divisible: a
  * free on stream S may serve S's next allocations at once, any stream's once the device completed
- * the work queued before the free (as the sim model completes it: --sim-lag at the end of the free's
- * window of `lag` events, --sim-behind `behind` events later), and the floor grows only by what an
+ * the work queued before the free (sim_done_at: --sim-lag at the end of the free's window of `lag`
+ * events, --sim-behind `behind` events later), and the floor grows only by what an
  * allocation finds in neither. A stream takes its own newest frees first (their work completes
  * last). Sizes are the requested ones, as in peak_live, over one pass from an empty pool. Without a
  * lag every free completes at once and the floor is peak_live. Returns 0 when out of host memory. */
@@ -300,7 +308,7 @@ typedef struct floor_free {
   uint32_t below;  /* the previous entry of the same stream's stack (UINT32_MAX: none) */
 } floor_free;
 
-static uint64_t stream_order_floor(const tools_trace *t, size_t lag, size_t behind) {
+static uint64_t stream_order_floor(const tools_trace *t, const sim_model *m) {
   size_t n = t->num_events;
   floor_free *q = malloc((n ? n : 1) * sizeof *q);    /* frees in event order: avail never decreases */
   uint32_t *top = malloc((t->num_streams + 1) * sizeof *top); /* each stream's newest entry */
@@ -338,10 +346,7 @@ static uint64_t stream_order_floor(const tools_trace *t, size_t lag, size_t behi
       uint64_t b = size[e->slot];
       size[e->slot] = 0;
       if (b == 0) continue;
-      uint64_t avail = i + 1;
-      if (lag != 0) avail = (uint64_t)(i / lag) * lag + lag;
-      else if (behind != 0) avail = (uint64_t)i + behind + 1;
-      q[nq].avail = avail;
+      q[nq].avail = sim_done_at(m, i);
       q[nq].bytes = b;
       q[nq].below = top[e->stream];
       top[e->stream] = (uint32_t)nq;
@@ -526,8 +531,10 @@ static void replay_trace(const options *o, const tools_trace *t, result *r) {
   }
   r->ok = ok;
   if (ok) r->ns_per_event = tools_median(r->ns_runs, (size_t)o->repeat);
-  if (ok && !strcmp(bname, "sim") && (o->sim_lag != 0 || o->sim_behind != 0))
-    r->floor = stream_order_floor(t, o->sim_lag, o->sim_behind);
+  if (ok && !strcmp(bname, "sim") && (o->sim_lag != 0 || o->sim_behind != 0)) {
+    sim_model m = {o->sim_lag, o->sim_behind, 0};
+    r->floor = stream_order_floor(t, &m);
+  }
   tools_streams_destroy(bname, o->device, nonzero + 1, tmp);
   gpumem_destroy(probe, GPUMEM_DESTROY_FORCE);
   free(tmp);
