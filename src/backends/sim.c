@@ -1523,31 +1523,33 @@ static size_t sim__map_at(const sim_resv *r, const char *p) {
 static int sim__vm_map_locked(sim_device *d, void *va, size_t size, gpumem_phys_handle h) {
   int rc = 0;
   if (!va || size == 0 || !sim__aligned(va, size)) return GPUMEM_SIM_ERR_INVALID_VALUE;
-  char *p = va;
-  sim_resv *r = sim__resv_containing(d, p, size);
-  sim_chunk *c = sim__chunk(d, h);
-  if (!r || !c || c->destroyed || size > c->size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-  size_t at = rc == 0 ? sim__map_at(r, p) : 0;
-  if (rc == 0 && ((at > 0 && r->maps[at - 1].va + r->maps[at - 1].size > p) ||
-                  (at < r->nmaps && r->maps[at].va < p + size)))
-    rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* overlap */
-  if (rc == 0 && r->nmaps == r->capmaps) {
-    size_t ncap = r->capmaps ? r->capmaps * 2 : 8;
-    sim_mapping *nm = realloc(r->maps, ncap * sizeof *nm);
-    if (!nm) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
-    else {
-      r->maps = nm;
-      r->capmaps = ncap;
+  {
+    char *p = va;
+    sim_resv *r = sim__resv_containing(d, p, size);
+    sim_chunk *c = sim__chunk(d, h);
+    if (!r || !c || c->destroyed || size > c->size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    size_t at = rc == 0 ? sim__map_at(r, p) : 0;
+    if (rc == 0 && ((at > 0 && r->maps[at - 1].va + r->maps[at - 1].size > p) ||
+                    (at < r->nmaps && r->maps[at].va < p + size)))
+      rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* overlap */
+    if (rc == 0 && r->nmaps == r->capmaps) {
+      size_t ncap = r->capmaps ? r->capmaps * 2 : 8;
+      sim_mapping *nm = realloc(r->maps, ncap * sizeof *nm);
+      if (!nm) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+      else {
+        r->maps = nm;
+        r->capmaps = ncap;
+      }
     }
-  }
-  if (rc == 0 && mprotect(p, size, PROT_READ | PROT_WRITE) != 0) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
-  if (rc == 0) {
-    memmove(&r->maps[at + 1], &r->maps[at], (r->nmaps - at) * sizeof *r->maps);
-    r->maps[at].va = p;
-    r->maps[at].size = size;
-    r->maps[at].handle = h;
-    r->nmaps++;
-    c->nmapped++;
+    if (rc == 0 && mprotect(p, size, PROT_READ | PROT_WRITE) != 0) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    if (rc == 0) {
+      memmove(&r->maps[at + 1], &r->maps[at], (r->nmaps - at) * sizeof *r->maps);
+      r->maps[at].va = p;
+      r->maps[at].size = size;
+      r->maps[at].handle = h;
+      r->nmaps++;
+      c->nmapped++;
+    }
   }
   return rc;
 }
@@ -1556,37 +1558,39 @@ static int sim__vm_map_locked(sim_device *d, void *va, size_t size, gpumem_phys_
 static int sim__vm_unmap_locked(sim_device *d, void *va, size_t size) {
   int rc = 0;
   if (!va || size == 0 || !sim__aligned(va, size)) return GPUMEM_SIM_ERR_INVALID_VALUE;
-  char *p = va;
-  sim_resv *r = sim__resv_containing(d, p, size);
-  size_t covered = 0, at = 0, end = 0;
-  if (!r) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-  /* the range must consist of whole mappings, without gaps: [at, end) of the sorted maps */
-  if (rc == 0) {
-    at = end = sim__map_at(r, p); /* (one that starts below p and reaches into the range leaves it short) */
-    for (; rc == 0 && end < r->nmaps && r->maps[end].va < p + size; end++) {
-      const sim_mapping *m = &r->maps[end];
-      if (m->va + m->size <= p + size) covered += m->size;
-      else rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* partial */
-    }
-  }
-  if (rc == 0 && covered != size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-  if (rc == 0) {
-    madvise(p, size, MADV_DONTNEED);
-    if (mprotect(p, size, PROT_NONE) != 0) {
-      /* cannot fail on a range we mapped ourselves short of running out of
-       * kernel mappings; replace the range to be sure it is inaccessible */
-      mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    }
-    for (size_t i = at; i < end; i++) {
-      sim_mapping m = r->maps[i];
-      sim_chunk *c = sim__chunk(d, m.handle);
-      if (c) {
-        c->nmapped--;
-        sim__chunk_maybe_drop(d, m.handle, c);
+  {
+    char *p = va;
+    sim_resv *r = sim__resv_containing(d, p, size);
+    size_t covered = 0, at = 0, end = 0;
+    if (!r) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    /* the range must consist of whole mappings, without gaps: [at, end) of the sorted maps */
+    if (rc == 0) {
+      at = end = sim__map_at(r, p); /* (one that starts below p and reaches into the range leaves it short) */
+      for (; rc == 0 && end < r->nmaps && r->maps[end].va < p + size; end++) {
+        const sim_mapping *m = &r->maps[end];
+        if (m->va + m->size <= p + size) covered += m->size;
+        else rc = GPUMEM_SIM_ERR_INVALID_VALUE; /* partial */
       }
     }
-    memmove(&r->maps[at], &r->maps[end], (r->nmaps - end) * sizeof *r->maps);
-    r->nmaps -= end - at;
+    if (rc == 0 && covered != size) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+    if (rc == 0) {
+      madvise(p, size, MADV_DONTNEED);
+      if (mprotect(p, size, PROT_NONE) != 0) {
+        /* cannot fail on a range we mapped ourselves short of running out of
+         * kernel mappings; replace the range to be sure it is inaccessible */
+        mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      }
+      for (size_t i = at; i < end; i++) {
+        sim_mapping m = r->maps[i];
+        sim_chunk *c = sim__chunk(d, m.handle);
+        if (c) {
+          c->nmapped--;
+          sim__chunk_maybe_drop(d, m.handle, c);
+        }
+      }
+      memmove(&r->maps[at], &r->maps[end], (r->nmaps - end) * sizeof *r->maps);
+      r->nmaps -= end - at;
+    }
   }
   return rc;
 }
