@@ -7,9 +7,7 @@
  *   GPUMEM_ERR_OUT_OF_MEMORY, and leaves no error in cudaGetLastError();
  * - virtual memory: granularity, reserve, create, map (read-write), a kernel
  *   writes and reads the mapped range, unmap, destroy, release, and the
- *   device's free memory is back where it was; vm_map_many maps chunks back to
- *   back with one access change (a kernel uses the whole range), and leaves
- *   nothing mapped when one of its chunks cannot be;
+ *   device's free memory is back where it was;
  * - device_info: name, UUID form, PCI id form, total memory, mem_get_info.
  */
 #include "gpu_util.h"
@@ -117,43 +115,6 @@ int main(void) {
     mem_info(0, &f2, NULL);
     printf("vm: after unmap/destroy/release device free is %.3f GiB (before %.3f)\n", gib(f2), gib(f0));
     CHECK(f2 + 4 * MIB >= f0);
-  }
-
-  /* vm_map_many: 8 chunks of 8 MiB back to back with one access change, the whole range usable by a
-   * kernel; all or nothing when a chunk's handle is bad */
-  {
-    size_t g = 0;
-    void *va = NULL;
-    enum { K = 8 };
-    gpumem_vm_chunk c[K];
-    CHECK(be.version >= 4 && be.vm_map_many != NULL);
-    CHECK(be.vm_granularity(&be, 0, &g) == 0);
-    size_t chunk = g * 4;
-    CHECK(be.vm_reserve(&be, 0, K * chunk, &va) == 0);
-    for (int i = 0; i < K; i++) {
-      c[i].size = chunk;
-      CHECK(be.vm_create(&be, 0, chunk, &c[i].handle) == 0);
-    }
-    gpumem_phys_handle keep = c[K - 1].handle;
-    c[K - 1].handle = 0; /* no such handle: the call fails and leaves nothing mapped */
-    int rc = be.vm_map_many(&be, 0, va, c, K);
-    printf("vm_map_many with a bad last handle: code %d (%s)\n", rc, rc ? be.error_string(&be, rc) : "ok");
-    CHECK(rc != 0);
-    CHECK(cudaGetLastError() == cudaSuccess);
-    CHECK(be.vm_map(&be, 0, va, chunk, c[0].handle) == 0); /* the first chunk's range is free again */
-    CHECK(be.vm_unmap(&be, 0, va, chunk) == 0);
-    c[K - 1].handle = keep;
-    CHECK(be.vm_map_many(&be, 0, va, c, K) == 0);
-    fill(va, K * chunk, 23, 0);
-    unsigned long long bad = check(va, K * chunk, 23, 0);
-    printf("vm_map_many: %d chunks of %.0f MiB, one call, %llu wrong bytes\n", K, (double)chunk / MIB, bad);
-    CHECK(bad == 0);
-    CUDA_OK(cudaDeviceSynchronize());
-    for (int i = 0; i < K; i++) {
-      CHECK(be.vm_unmap(&be, 0, (char *)va + (size_t)i * chunk, chunk) == 0);
-      CHECK(be.vm_destroy(&be, 0, c[i].handle) == 0);
-    }
-    CHECK(be.vm_release(&be, 0, va, K * chunk) == 0);
   }
   CHECK(cudaGetLastError() == cudaSuccess);
   be.shutdown(&be);
