@@ -330,25 +330,6 @@ gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t
   GPUMEM__CALL(ctx, "vm_unmap", dev, ctx->be.vm_unmap(&ctx->be, dev, va, size));
 }
 
-gpumem_status gpumem__be_vm_map_many(gpumem_context *ctx, int dev, void *va, const gpumem_vm_chunk *chunks, size_t n) {
-  if (n == 1) return gpumem__be_vm_map(ctx, dev, va, chunks[0].size, chunks[0].handle);
-  if (ctx->be.version >= 4 && ctx->be.vm_map_many != NULL)
-    GPUMEM__CALL(ctx, "vm_map_many", dev, ctx->be.vm_map_many(&ctx->be, dev, va, chunks, n));
-  /* one vm_map per chunk, all or nothing as vm_map_many */
-  char *p = va;
-  for (size_t k = 0; k < n; p += chunks[k].size, k++) {
-    gpumem_status st = gpumem__be_vm_map(ctx, dev, p, chunks[k].size, chunks[k].handle);
-    if (st != GPUMEM_OK) {
-      while (k-- > 0) { /* (an unmap of what this call just mapped fails only with a broken backend: logged) */
-        p -= chunks[k].size;
-        (void)gpumem__be_vm_unmap(ctx, dev, p, chunks[k].size);
-      }
-      return st;
-    }
-  }
-  return GPUMEM_OK;
-}
-
 /* ---------------------------------------------------------------------- */
 /* Stream capture (graphs)                                                 */
 

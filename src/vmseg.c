@@ -45,7 +45,7 @@
 #define FINE_NS ((uint64_t)10 * 1000000000u)
 /* idle chunks looked at for one of exactly the size a run needs (moved there whole) */
 #define FIT_SCAN 16
-/* Moves of idle chunks after which the allowance above the live peak grows (see obtain). A workload
+/* Moves of idle chunks after which the allowance above the live peak grows (see fill). A workload
  * whose steady state keeps moving chunks (each move is an unmap, a map and a set-access: on an H200
  * about 60 us of host time idle and 120-330 us while kernels run; none waits for queued work) buys its way
  * out with memory; a workload that moves little stays at the peak. Fewer moves per raise buy
@@ -108,7 +108,7 @@ struct gpumem__vmpool {
   spare_chunk *spare;      /* unmapped but held (a failed map or destroy) */
   size_t nspare, capspare;
   size_t spare_gran;
-  uint64_t allowance;       /* bytes above the live peak that new memory may take (see obtain) */
+  uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
   uint32_t moves;          /* idle-chunk moves counted towards the next raise of the allowance */
   uint64_t moves_from;     /* st->num_allocs when that count started */
   uint32_t raise_moves;    /* moves per raise: MOVES_PER_RAISE, or _STREAMS (gpumem__vm_several_streams) */
@@ -361,54 +361,14 @@ static gpumem_status map_handle(gpumem__vmspace *vs, uint32_t g, gpumem_phys_han
   return GPUMEM_OK;
 }
 
-/* Create a chunk of len granules (held, not mapped). */
-static gpumem_status create(gpumem__vmpool *vp, uint32_t len, gpumem_phys_handle *h) {
-  gpumem_status st = gpumem__be_vm_create(vp->ctx, vp->dev, (size_t)len * vp->gran, h);
-  if (st == GPUMEM_OK) held_add(vp, len);
-  return st;
-}
-
 /* Create a chunk of len granules and map it at granule g of vs. */
 static gpumem_status map_new(gpumem__vmspace *vs, uint32_t g, uint32_t len) {
-  gpumem_phys_handle h = 0;
-  gpumem_status st = create(vs->vp, len, &h);
-  if (st != GPUMEM_OK) return st;
-  return map_handle(vs, g, h, len);
-}
-
-/* The chunks a commit has obtained for adjacent runs of granules, not mapped yet: mapped with one
- * backend call (gpumem__be_vm_map_many), since on CUDA and HIP the access change that every map
- * needs costs 20-60 us whatever the size, and a block of many chunks pays it once. */
-#define BATCH_MAX 64
-typedef struct map_batch {
-  uint32_t g, n;  /* first granule, granules */
-  size_t cnt;
-  gpumem_vm_chunk c[BATCH_MAX];
-  uint32_t len[BATCH_MAX];
-} map_batch;
-
-/* Map the batch's chunks at their granules. On failure they are given back (destroyed, or spare if
- * that fails, as map_handle does) and nothing of the batch is mapped. The batch is empty after. */
-static gpumem_status batch_flush(gpumem__vmspace *vs, map_batch *b) {
   gpumem__vmpool *vp = vs->vp;
-  uint32_t slot[BATCH_MAX];
-  size_t k = 0, cnt = b->cnt;
-  gpumem_status st = GPUMEM_OK;
-  b->cnt = 0;
-  if (cnt == 0) return GPUMEM_OK;
-  for (; k < cnt; k++)
-    if ((slot[k] = chunk_alloc(vp)) == NIL) {
-      st = GPUMEM_ERR_OUT_OF_MEMORY;
-      break;
-    }
-  if (st == GPUMEM_OK) st = gpumem__be_vm_map_many(vp->ctx, vp->dev, gaddr(vs, b->g), b->c, cnt);
-  if (st != GPUMEM_OK) {
-    while (k-- > 0) chunk_release_slot(vp, slot[k]);
-    for (size_t j = 0; j < cnt; j++) (void)drop_handle(vp, b->c[j].handle, b->len[j]);
-    return st;
-  }
-  for (uint32_t g = b->g, j = 0; j < cnt; g += b->len[j], j++) chunk_place(vs, slot[j], b->c[j].handle, g, b->len[j]);
-  return GPUMEM_OK;
+  gpumem_phys_handle h = 0;
+  gpumem_status st = gpumem__be_vm_create(vp->ctx, vp->dev, (size_t)len * vp->gran, &h);
+  if (st != GPUMEM_OK) return st;
+  held_add(vp, len);
+  return map_handle(vs, g, h, len);
 }
 
 /* Give back idle chunk i but for `keep` of its granules: the chunk is
@@ -658,8 +618,7 @@ void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delt
   }
 }
 
-/* A chunk of `len` granules for granules of vs that are all unmapped: held, not mapped yet (the
- * caller maps it, gpumem__vm_commit with the other chunks of its block).
+/* Map `len` granules at granule g of vs that are all unmapped, in one chunk.
  *
  * Memory held grows only where it must: new memory is created as long as
  * that keeps the reserved bytes within their peak, or within the live peak
@@ -675,7 +634,7 @@ void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delt
  * where it needs none, one that moves rarely keeps its few moves (it grows by 1/128 of the live peak, at least a
  * granule, at most a largest chunk). Trimming (gpumem__vm_allowance_reset) and a
  * full device set it back to 0. */
-static gpumem_status obtain(gpumem__vmspace *vs, uint32_t len, uint64_t limit, gpumem_phys_handle *out) {
+static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
   gpumem__vmpool *vp = vs->vp;
   uint64_t add = (uint64_t)len * vp->gran;
   uint64_t cap = vp->st->reserved_peak;
@@ -706,18 +665,19 @@ static gpumem_status obtain(gpumem__vmspace *vs, uint32_t len, uint64_t limit, g
     /* a spare chunk that fits */
     for (size_t k = 0; k < vp->nspare; k++) {
       if (vp->spare[k].len != len) continue;
-      *out = vp->spare[k].h;
+      gpumem_phys_handle h = vp->spare[k].h;
       spare_remove(vp, k);
-      return GPUMEM_OK;
+      return map_handle(vs, g, h, len);
     }
     /* an idle chunk of exactly this size: move it */
     uint32_t i = vp->ihead;
     for (int k = 0; k < FIT_SCAN && i != NIL && vp->ch[i].len != len; k++) i = vp->ch[i].next;
     int guarded = 0; /* the guard refused: idle chunks stay, new memory is created */
     if (i != NIL && vp->ch[i].len == len) {
+      gpumem_phys_handle h = 0;
       uint32_t l = 0;
-      gpumem_status st = chunk_unmap(vp, i, out, &l);
-      if (st == GPUMEM_OK) return GPUMEM_OK;
+      gpumem_status st = chunk_unmap(vp, i, &h, &l);
+      if (st == GPUMEM_OK) return map_handle(vs, g, h, l);
       if (st != GPUMEM_ERR_BUSY) return st;
       guarded = 1;
     }
@@ -735,7 +695,7 @@ static gpumem_status obtain(gpumem__vmspace *vs, uint32_t len, uint64_t limit, g
     }
   }
   if (limit != 0 && vp->st->reserved_bytes + add > limit) return GPUMEM_ERR_LIMIT_EXCEEDED;
-  gpumem_status st = create(vp, len, out);
+  gpumem_status st = map_new(vs, g, len);
   if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
     gpumem__vm_allowance_reset(vp); /* the device is full: pack tightly */
     gpumem__vm_pressure(vp);
@@ -749,7 +709,7 @@ static gpumem_status obtain(gpumem__vmspace *vs, uint32_t len, uint64_t limit, g
       if (gst == GPUMEM_ERR_BUSY) return st; /* still out of memory: the caller waits and retries */
       if (gst != GPUMEM_OK) return gst;
     }
-    st = create(vp, len, out);
+    st = map_new(vs, g, len);
   }
   return st;
 }
@@ -765,9 +725,6 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
   uint32_t inner = (uint32_t)((off + gs - 1) / gs), inner_end = (uint32_t)((off + size) / gs);
   int huge = size >= HUGE_BLOCK_BYTES && vp->chunk_huge > vp->chunk_max;
   uint32_t cmax = 0;
-  map_batch b;
-  b.cnt = 0;
-  b.g = b.n = 0;
   while (g <= last) {
     if (vs->cid[g] != NIL) {
       g++;
@@ -782,30 +739,11 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
     if (huge && g >= inner && inner_end - g >= vp->chunk_huge) lim = vp->chunk_huge;
     while (e <= last && vs->cid[e] == NIL && e - g < lim) e++;
     if (e - g < lim && e - g > cmax) e = g + cmax; /* something mapped before a whole huge chunk: a normal one */
-    gpumem_phys_handle h = 0;
-    gpumem_status st = obtain(vs, e - g, limit, &h);
-    if (st != GPUMEM_OK) {
-      (void)batch_flush(vs, &b); /* what was obtained is mapped, as if each chunk had been mapped at once */
-      return st;
-    }
-    if (b.cnt > 0 && (b.g + b.n != g || b.cnt == BATCH_MAX)) {
-      st = batch_flush(vs, &b);
-      if (st != GPUMEM_OK) {
-        (void)drop_handle(vp, h, e - g);
-        return st;
-      }
-    }
-    if (b.cnt == 0) {
-      b.g = g;
-      b.n = 0;
-    }
-    b.c[b.cnt].size = (size_t)(e - g) * gs;
-    b.c[b.cnt].handle = h;
-    b.len[b.cnt++] = e - g;
-    b.n += e - g;
+    gpumem_status st = fill(vs, g, e - g, limit);
+    if (st != GPUMEM_OK) return st;
     g = e;
   }
-  return batch_flush(vs, &b);
+  return GPUMEM_OK;
 }
 
 void gpumem__vm_several_streams(gpumem__vmpool *vp, int several) {

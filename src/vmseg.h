@@ -52,8 +52,6 @@ gpumem_status gpumem__be_vm_create(gpumem_context *ctx, int dev, size_t size, gp
 gpumem_status gpumem__be_vm_destroy(gpumem_context *ctx, int dev, gpumem_phys_handle h);
 gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t size, gpumem_phys_handle h);
 gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size);
-/** n chunks back to back from va, one access change (vm_map_many; without it, vm_map per chunk). All or nothing. */
-gpumem_status gpumem__be_vm_map_many(gpumem_context *ctx, int dev, void *va, const gpumem_vm_chunk *chunks, size_t n);
 
 /**
  * The device is short of memory (this pool ran out of it, a member of its
@@ -259,8 +257,6 @@ size_t gpumem__vm_available(const gpumem__vmpool *vp);
  * reserved bytes stay within their peak and `limit` (0 = none); beyond that
  * a spare chunk or an idle one of the run's size moved here, else idle
  * chunks (oldest first) are given back before the new one is created.
- * Chunks for adjacent runs are mapped with one backend call (vm_map_many:
- * one access change for all of them).
  * \return OK; LIMIT_EXCEEDED; OUT_OF_MEMORY; another backend status. On
  * failure the granules mapped so far stay mapped (idle once the caller drops
  * the busy bytes), so nothing leaks and a retry starts where this stopped.

@@ -855,57 +855,6 @@ static void test_vm_roundtrip(void **state) {
   assert_int_equal(used(1), G);
 }
 
-/* vm_map_many: chunks back to back, one call (one MAP in the counts), all or nothing. */
-static void test_vm_map_many(void **state) {
-  (void)state;
-  assert_int_equal(sim_up("1x64MiB", NULL), 0);
-  const size_t G = 2 * MiB;
-  assert_non_null(be.vm_map_many);
-  void *va0 = NULL;
-  assert_int_equal(be.vm_reserve(&be, 0, 8 * G, &va0), 0);
-  char *va = va0;
-  gpumem_phys_handle h1, h2, h3;
-  assert_int_equal(be.vm_create(&be, 0, 2 * G, &h1), 0);
-  assert_int_equal(be.vm_create(&be, 0, G, &h2), 0);
-  assert_int_equal(be.vm_create(&be, 0, G, &h3), 0);
-  gpumem_vm_chunk c[3] = {{2 * G, h1}, {G, h2}, {G, h3}};
-
-  /* bad input: nothing mapped */
-  assert_int_equal(be.vm_map_many(&be, 0, NULL, c, 3), GPUMEM_SIM_ERR_INVALID_VALUE);
-  assert_int_equal(be.vm_map_many(&be, 0, va, NULL, 3), GPUMEM_SIM_ERR_INVALID_VALUE);
-  assert_int_equal(be.vm_map_many(&be, 0, va, c, 0), GPUMEM_SIM_ERR_INVALID_VALUE);
-  assert_int_equal(be.vm_map_many(&be, 1, va, c, 3), GPUMEM_SIM_ERR_INVALID_DEVICE);
-  assert_int_equal(be.vm_map_many(&be, 0, va + 4096, c, 3), GPUMEM_SIM_ERR_INVALID_VALUE); /* misaligned */
-  assert_int_equal(be.vm_map_many(&be, 0, va + 6 * G, c, 3), GPUMEM_SIM_ERR_INVALID_VALUE); /* past the end */
-  /* the third chunk fails (an unknown handle): the first two are unmapped again */
-  gpumem_vm_chunk bad[3] = {{2 * G, h1}, {G, h2}, {G, 999999}};
-  assert_int_equal(be.vm_map_many(&be, 0, va, bad, 3), GPUMEM_SIM_ERR_INVALID_VALUE);
-  assert_int_equal(be.vm_unmap(&be, 0, va, 2 * G), GPUMEM_SIM_ERR_INVALID_VALUE); /* not mapped */
-  assert_int_equal(be.vm_unmap(&be, 0, va + 2 * G, G), GPUMEM_SIM_ERR_INVALID_VALUE);
-  /* an injected failure of the call: nothing mapped either */
-  uint64_t m0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP);
-  assert_int_equal(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MAP, 1, GPUMEM_SIM_ERR_OUT_OF_MEMORY, 0), GPUMEM_OK);
-  assert_int_equal(be.vm_map_many(&be, 0, va, c, 3), GPUMEM_SIM_ERR_OUT_OF_MEMORY);
-  assert_int_equal(be.vm_unmap(&be, 0, va, 2 * G), GPUMEM_SIM_ERR_INVALID_VALUE);
-
-  /* success: [va, va + 4 G) usable, one MAP call */
-  uint64_t m1 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP);
-  assert_int_equal(be.vm_map_many(&be, 0, va + G, c, 3), 0);
-  assert_int_equal(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP), m1 + 1);
-  assert_true(m1 > m0);
-  memset(va + G, 0x5a, 4 * G);
-  assert_int_equal((unsigned char)va[5 * G - 1], 0x5a);
-  /* each chunk is a mapping of its own: unmapped one by one, or all at once */
-  assert_int_equal(be.vm_unmap(&be, 0, va + G, G), GPUMEM_SIM_ERR_INVALID_VALUE); /* half of h1's */
-  assert_int_equal(be.vm_unmap(&be, 0, va + 4 * G, G), 0);                      /* h3 */
-  assert_int_equal(be.vm_unmap(&be, 0, va + G, 3 * G), 0);                      /* h1 and h2 */
-  assert_int_equal(be.vm_destroy(&be, 0, h1), 0);
-  assert_int_equal(be.vm_destroy(&be, 0, h2), 0);
-  assert_int_equal(be.vm_destroy(&be, 0, h3), 0);
-  assert_int_equal(used(0), 0);
-  assert_int_equal(be.vm_release(&be, 0, va, 8 * G), 0);
-}
-
 /* ------------------------------------------------------------------------ */
 /* Fault injection                                                           */
 
@@ -1130,7 +1079,6 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_events_clocked, setup, teardown),
     cmocka_unit_test_setup_teardown(test_device_reset, setup, teardown),
     cmocka_unit_test_setup_teardown(test_vm_roundtrip, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_vm_map_many, setup, teardown),
     cmocka_unit_test_setup_teardown(test_fault_malloc_free, setup, teardown),
     cmocka_unit_test_setup_teardown(test_fault_event_info_sync_map, setup, teardown),
     cmocka_unit_test_setup_teardown(test_threads, setup, teardown),

@@ -32,9 +32,8 @@
  *
  * The backend is wrapped (gpumem_builtin_backend, a copy whose virtual-memory
  * methods count their calls and the time spent in them), so every run also
- * reports the virtual-memory calls of expandable segments: chunks mapped (on
- * CUDA a cuMemMap each) and access changes (a cuMemSetAccess each: one per
- * vm_map, one per vm_map_many of several chunks), vm_unmap, vm_create, vm_destroy,
+ * reports the virtual-memory calls of expandable segments: vm_map (on CUDA
+ * one cuMemMap and one cuMemSetAccess each), vm_unmap, vm_create, vm_destroy,
  * vm_reserve, vm_release, and the wall time inside them (of the last timed
  * run). --no-vm-count uses the backend unwrapped.
  */
@@ -62,10 +61,8 @@ typedef struct options {
 } options;
 
 /* Virtual-memory calls of one run, counted by the wrapper below. */
-/* map: chunks mapped (on CUDA a cuMemMap each); set_access: access changes (a cuMemSetAccess each: one
- * per vm_map, one per vm_map_many over all its chunks) */
-enum { VMC_MAP, VMC_ACCESS, VMC_UNMAP, VMC_CREATE, VMC_DESTROY, VMC_RESERVE, VMC_RELEASE, VMC_N_ };
-static const char *const vmc_name[VMC_N_] = {"map", "set_access", "unmap", "create", "destroy", "reserve", "release"};
+enum { VMC_MAP, VMC_UNMAP, VMC_CREATE, VMC_DESTROY, VMC_RESERVE, VMC_RELEASE, VMC_N_ };
+static const char *const vmc_name[VMC_N_] = {"map", "unmap", "create", "destroy", "reserve", "release"};
 /* Stream-order calls of one run: what makes a multi-stream or lagging workload slow on a GPU. */
 enum { SOC_RECORD, SOC_QUERY, SOC_EVSYNC, SOC_STREAMSYNC, SOC_DEVSYNC, SOC_N_ };
 static const char *const soc_name[SOC_N_] = {"event_record", "event_query", "event_synchronize",
@@ -132,12 +129,7 @@ static int w_vm_destroy(gpumem_backend *be, int device, gpumem_phys_handle h) {
   VMC_CALL(VMC_DESTROY, g_inner->vm_destroy(be, device, h));
 }
 static int w_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
-  g_vm.calls[VMC_MAP]++;
-  VMC_CALL(VMC_ACCESS, g_inner->vm_map(be, device, va, size, h));
-}
-static int w_vm_map_many(gpumem_backend *be, int device, void *va, const gpumem_vm_chunk *chunks, size_t n) {
-  g_vm.calls[VMC_MAP] += n;
-  VMC_CALL(VMC_ACCESS, g_inner->vm_map_many(be, device, va, chunks, n));
+  VMC_CALL(VMC_MAP, g_inner->vm_map(be, device, va, size, h));
 }
 static int w_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
   VMC_CALL(VMC_UNMAP, g_inner->vm_unmap(be, device, va, size));
@@ -185,7 +177,6 @@ static const gpumem_backend *wrap_backend(const char *name) {
   g_wrap.vm_destroy = w_vm_destroy;
   g_wrap.vm_map = w_vm_map;
   g_wrap.vm_unmap = w_vm_unmap;
-  if (in->version >= 4 && in->vm_map_many) g_wrap.vm_map_many = w_vm_map_many;
   if (in->event_record) g_wrap.event_record = w_event_record;
   if (in->event_query) g_wrap.event_query = w_event_query;
   if (in->event_synchronize) g_wrap.event_synchronize = w_event_synchronize;

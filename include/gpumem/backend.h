@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 /** \brief The vtable version this header describes. */
-#define GPUMEM_BACKEND_VERSION 4
+#define GPUMEM_BACKEND_VERSION 3
 
 /** \brief An event handle (cudaEvent_t, hipEvent_t, or the backend's own). */
 typedef void *gpumem_event;
@@ -156,31 +156,6 @@ typedef void (*gpumem_backend_annotate_alloc_fn)(gpumem_backend *be, int device,
  */
 typedef void (*gpumem_backend_annotate_free_fn)(gpumem_backend *be, int device, void *ptr, size_t size);
 
-/** \brief One physical chunk of a vm_map_many() call: `size` bytes (the chunk's whole size) of handle `handle`. */
-typedef struct gpumem_vm_chunk {
-  size_t size;               /**< bytes: the whole chunk, a multiple of the granularity */
-  gpumem_phys_handle handle; /**< from vm_create */
-} gpumem_vm_chunk;
-
-/**
- * \brief `int vm_map_many(gpumem_backend *be, int device, void *va, const gpumem_vm_chunk *chunks, size_t n)`: optional (version 4).
- *
- * Maps `n` (>= 1) chunks back to back from `va`: chunk k at `va` plus the
- * sizes of chunks 0..k-1, each whole, as `n` calls of vm_map would, and makes
- * the whole range readable and writable by the device with one access change.
- * On CUDA and HIP the access change (cuMemSetAccess) is what a map costs:
- * 20-60 us whatever the size, against about 1 us for the map itself, so a
- * block that needs several chunks pays it once. The unmapping stays per chunk
- * (vm_unmap of each chunk's range).
- *
- * All or nothing: on failure no chunk of the call is left mapped (those
- * mapped before the failure are unmapped again) and the handles stay valid.
- * Called with the core's pool lock held, never during a method of the same
- * device. NULL: the core calls vm_map once per chunk.
- */
-typedef int (*gpumem_backend_vm_map_many_fn)(gpumem_backend *be, int device, void *va, const gpumem_vm_chunk *chunks,
-                                             size_t n);
-
 /** \brief stream_capture() status: the stream is not capturing. */
 #define GPUMEM_CAPTURE_NONE 0
 /** \brief stream_capture() status: the stream is capturing (for the NULL stream: a blocking stream of the device is, so work on the NULL stream would break that capture). */
@@ -211,7 +186,7 @@ typedef int (*gpumem_backend_stream_capture_fn)(gpumem_backend *be, int device, 
                                                 uint64_t *capture_id);
 
 /**
- * \brief A backend: data members first, then methods (version 1, then 2, 3 and 4).
+ * \brief A backend: data members first, then methods (version 1, then version 2, then version 3).
  */
 struct gpumem_backend {
   uint32_t version;    /**< ::GPUMEM_BACKEND_VERSION the backend was written for (>= 1) */
@@ -256,9 +231,6 @@ struct gpumem_backend {
 
   /* ---- version 3: stream capture (graphs), optional (NULL = no capture) ---- */
   gpumem_backend_stream_capture_fn stream_capture; /**< optional (version 3) */
-
-  /* ---- version 4: batched mapping, optional (NULL = vm_map per chunk) ---- */
-  gpumem_backend_vm_map_many_fn vm_map_many; /**< optional (version 4): with the other vm_* methods */
 };
 
 /**

@@ -474,30 +474,6 @@ static int gb_rt_vm_map(int device, void *va, size_t size, gpumem_phys_handle h)
 
 static int gb_rt_vm_unmap(void *va, size_t size) { return (int)g_drv.mem_unmap((CUdeviceptr)(uintptr_t)va, size); }
 
-/* The chunks mapped one by one, then one cuMemSetAccess over all of them: the access change costs
- * 20-60 us a call whatever the size (H200), the map about 1 us. */
-static int gb_rt_vm_map_many(int device, void *va, const gpumem_vm_chunk *c, size_t n) {
-  CUmemAccessDesc access;
-  CUdevice d;
-  CUdeviceptr p = (CUdeviceptr)(uintptr_t)va;
-  size_t k = 0, total = 0;
-  int rc = (int)g_drv.device_get(&d, device);
-  while (rc == 0 && k < n) {
-    rc = (int)g_drv.mem_map(p + total, c[k].size, 0, (CUmemGenericAllocationHandle)c[k].handle, 0);
-    if (rc == 0) total += c[k++].size; /* k: chunks mapped */
-  }
-  if (rc == 0) {
-    memset(&access, 0, sizeof access);
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = (int)d;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    rc = (int)g_drv.mem_set_access(p, total, &access, 1);
-  }
-  if (rc != 0) /* nothing changes on failure: unmap what this call mapped */
-    for (size_t j = 0, at = 0; j < k; at += c[j].size, j++) (void)g_drv.mem_unmap(p + at, c[j].size);
-  return rc;
-}
-
 /* ---- annotations for compute-sanitizer (NVTX memory API) -------------------
  *
  * Built with GPUMEM_WITH_NVTX (the header-only NVTX 3 of the CUDA toolkit).
@@ -772,7 +748,6 @@ static int cuda_init(gpumem_backend *be) {
       be->vm_destroy = NULL;
       be->vm_map = NULL;
       be->vm_unmap = NULL;
-      be->vm_map_many = NULL;
     }
   }
 #endif
@@ -819,7 +794,6 @@ const gpumem_backend gpumem__cuda_backend = {
     .vm_destroy = gb_vm_destroy,
     .vm_map = gb_vm_map,
     .vm_unmap = gb_vm_unmap,
-    .vm_map_many = gb_vm_map_many,
 #ifdef GPUMEM_HAVE_NVTX
     .annotate_alloc = cuda_annotate_alloc,
     .annotate_free = cuda_annotate_free,

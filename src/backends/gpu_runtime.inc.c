@@ -43,7 +43,6 @@
  *   int gb_rt_vm_destroy(gpumem_phys_handle h);
  *   int gb_rt_vm_map(int dev, void *va, size_t size, gpumem_phys_handle h);
  *   int gb_rt_vm_unmap(void *va, size_t size);
- *   int gb_rt_vm_map_many(int dev, void *va, const gpumem_vm_chunk *c, size_t n);   all or nothing
  *
  * Everything in it is static.
  *
@@ -87,7 +86,6 @@ static int gb_rt_vm_create(int dev, size_t size, gpumem_phys_handle *h);
 static int gb_rt_vm_destroy(gpumem_phys_handle h);
 static int gb_rt_vm_map(int dev, void *va, size_t size, gpumem_phys_handle h);
 static int gb_rt_vm_unmap(void *va, size_t size);
-static int gb_rt_vm_map_many(int dev, void *va, const gpumem_vm_chunk *c, size_t n);
 
 /* The state a method changes around its runtime call, given back by gb_close. */
 typedef struct gb_scope {
@@ -440,19 +438,6 @@ static int gb_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpum
   rc = gb_open(device, &s, GB_RELAXED);
   if (rc != 0) return rc;
   rc = gb_rt_vm_map(device, va, size, h);
-  gb_close(&s);
-  return rc;
-}
-
-static int gb_vm_map_many(gpumem_backend *be, int device, void *va, const gpumem_vm_chunk *chunks, size_t n) {
-  gb_scope s;
-  int rc;
-  (void)be;
-  if (!gb_rt_vm_supported()) return (int)GB_ERR_NOT_SUPPORTED;
-  if (!va || !chunks || n == 0) return (int)GB_ERR_INVALID_VALUE;
-  rc = gb_open(device, &s, GB_RELAXED);
-  if (rc != 0) return rc;
-  rc = gb_rt_vm_map_many(device, va, chunks, n);
   gb_close(&s);
   return rc;
 }

@@ -177,29 +177,6 @@ static int gb_rt_vm_map(int device, void *va, size_t size, gpumem_phys_handle h)
 
 static int gb_rt_vm_unmap(void *va, size_t size) { return gb_fail(hipMemUnmap(va, size)); }
 
-/* The chunks mapped one by one, then one hipMemSetAccess over all of them (the access change is
- * what a map costs). */
-static int gb_rt_vm_map_many(int device, void *va, const gpumem_vm_chunk *c, size_t n) {
-  hipMemAccessDesc access;
-  char *p = va;
-  size_t k = 0, total = 0;
-  hipError_t e = hipSuccess;
-  while (e == hipSuccess && k < n) {
-    e = hipMemMap(p + total, c[k].size, 0, (hipMemGenericAllocationHandle_t)(uintptr_t)c[k].handle, 0);
-    if (e == hipSuccess) total += c[k++].size; /* k: chunks mapped */
-  }
-  if (e == hipSuccess) {
-    memset(&access, 0, sizeof access);
-    access.location.type = hipMemLocationTypeDevice;
-    access.location.id = device;
-    access.flags = hipMemAccessFlagsProtReadWrite;
-    e = hipMemSetAccess(p, total, &access, 1);
-  }
-  if (e != hipSuccess) /* nothing changes on failure: unmap what this call mapped */
-    for (size_t j = 0, at = 0; j < k; at += c[j].size, j++) (void)hipMemUnmap(p + at, c[j].size);
-  return gb_fail(e);
-}
-
 const gpumem_backend gpumem__hip_backend = {
     .version = GPUMEM_BACKEND_VERSION,
     .struct_size = sizeof(gpumem_backend),
@@ -229,6 +206,5 @@ const gpumem_backend gpumem__hip_backend = {
     .vm_destroy = gb_vm_destroy,
     .vm_map = gb_vm_map,
     .vm_unmap = gb_vm_unmap,
-    .vm_map_many = gb_vm_map_many,
     .stream_capture = gb_stream_capture,
 };

@@ -1519,11 +1519,15 @@ static size_t sim__map_at(const sim_resv *r, const char *p) {
   return lo;
 }
 
-/* Map chunk h at [va, va + size) of device d. Lock held. */
-static int sim__vm_map_locked(sim_device *d, void *va, size_t size, gpumem_phys_handle h) {
-  int rc = 0;
-  if (!va || size == 0 || !sim__aligned(va, size)) return GPUMEM_SIM_ERR_INVALID_VALUE;
-  {
+static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MAP);
+  if (rc == 0 && (!va || size == 0 || !sim__aligned(va, size))) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
+  if (d) {
     char *p = va;
     sim_resv *r = sim__resv_containing(d, p, size);
     sim_chunk *c = sim__chunk(d, h);
@@ -1551,14 +1555,19 @@ static int sim__vm_map_locked(sim_device *d, void *va, size_t size, gpumem_phys_
       c->nmapped++;
     }
   }
+  pthread_mutex_unlock(&g_lock);
   return rc;
 }
 
-/* Unmap [va, va + size) of device d (whole mappings, no gaps). Lock held. */
-static int sim__vm_unmap_locked(sim_device *d, void *va, size_t size) {
-  int rc = 0;
-  if (!va || size == 0 || !sim__aligned(va, size)) return GPUMEM_SIM_ERR_INVALID_VALUE;
-  {
+static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_MAP);
+  if (rc == 0 && (!va || size == 0 || !sim__aligned(va, size))) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__unsafe(SIM_RELAXED)) != 0) d = NULL;
+  if (d) {
     char *p = va;
     sim_resv *r = sim__resv_containing(d, p, size);
     size_t covered = 0, at = 0, end = 0;
@@ -1591,56 +1600,6 @@ static int sim__vm_unmap_locked(sim_device *d, void *va, size_t size) {
       memmove(&r->maps[at], &r->maps[end], (r->nmaps - end) * sizeof *r->maps);
       r->nmaps -= end - at;
     }
-  }
-  return rc;
-}
-
-/* The vtable's map methods: one call each (fault injection counts it once), the device's checks,
- * then the locked step. */
-static int sim__vm_call(int device, sim_device **d) {
-  int rc = sim__enter(GPUMEM_SIM_CALL_MAP);
-  *d = rc == 0 ? sim__device(device, &rc) : NULL;
-  if (*d && (rc = sim__unsafe(SIM_RELAXED)) != 0) *d = NULL;
-  return rc;
-}
-
-static int sim_vm_map(gpumem_backend *be, int device, void *va, size_t size, gpumem_phys_handle h) {
-  (void)be;
-  sim_device *d;
-  pthread_mutex_lock(&g_lock);
-  int rc = sim__vm_call(device, &d);
-  if (d) rc = sim__vm_map_locked(d, va, size, h);
-  pthread_mutex_unlock(&g_lock);
-  return rc;
-}
-
-static int sim_vm_unmap(gpumem_backend *be, int device, void *va, size_t size) {
-  (void)be;
-  sim_device *d;
-  pthread_mutex_lock(&g_lock);
-  int rc = sim__vm_call(device, &d);
-  if (d) rc = sim__vm_unmap_locked(d, va, size);
-  pthread_mutex_unlock(&g_lock);
-  return rc;
-}
-
-/* n chunks back to back from va, all or nothing, as one call (one access change on a GPU). */
-static int sim_vm_map_many(gpumem_backend *be, int device, void *va, const gpumem_vm_chunk *chunks, size_t n) {
-  (void)be;
-  sim_device *d;
-  pthread_mutex_lock(&g_lock);
-  int rc = sim__vm_call(device, &d);
-  if (rc == 0 && (!va || !chunks || n == 0)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-  if (rc == 0 && d) {
-    char *p = va;
-    size_t k = 0;
-    for (; k < n; p += chunks[k].size, k++)
-      if ((rc = sim__vm_map_locked(d, p, chunks[k].size, chunks[k].handle)) != 0) break;
-    if (rc != 0)
-      while (k-- > 0) {
-        p -= chunks[k].size;
-        (void)sim__vm_unmap_locked(d, p, chunks[k].size);
-      }
   }
   pthread_mutex_unlock(&g_lock);
   return rc;
@@ -1711,7 +1670,6 @@ const gpumem_backend gpumem__sim_backend = {
   .vm_destroy = sim_vm_destroy,
   .vm_map = sim_vm_map,
   .vm_unmap = sim_vm_unmap,
-  .vm_map_many = sim_vm_map_many,
 #ifdef SIM_HAVE_VALGRIND
   .annotate_alloc = sim_annotate_alloc,
   .annotate_free = sim_annotate_free,

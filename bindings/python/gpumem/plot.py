@@ -238,7 +238,6 @@ def _wrapped_backend(name: str, log: _SegmentLog) -> Tuple[capi.Backend, Tuple[A
         cb = UNMAP(w_unmap)
         vt.vm_unmap = ctypes.cast(cb, c_void_p).value
         keep += [cb, i_map, i_unmap]
-        vt.vm_map_many = None  # the core then maps chunk by chunk, through w_map: every chunk is logged
     return vt, tuple(keep)
 
 
