@@ -446,7 +446,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       st = GPUMEM_ERR_LIMIT_EXCEEDED; /* refused before anything is mapped */
     } else {
       gpumem__fidx *from = b->idx;
-      uint64_t held = p->st.reserved_bytes;
+      uint64_t held = p->st.reserved_bytes, peak0 = p->st.reserved_peak;
       if (wb != NULL) {
         b = vm_take_at(p, wb, wat, rsize);
       } else if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
@@ -459,7 +459,10 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       if (st == GPUMEM_OK) {
         /* the pool grew (new chunks): the device's free memory is looked at (a query of the driver,
          * microseconds). Idle chunks moved here take nothing more from the device: no query. */
-        if (p->st.reserved_bytes > held) gpumem__check_free_fraction(p);
+        if (p->st.reserved_bytes > held) {
+          gpumem__check_free_fraction(p);
+          gpumem__peak_note(p, r, stream, rsize, peak0);
+        }
         *out = b;
         return GPUMEM_OK;
       }

@@ -4,6 +4,7 @@
 #include "pool.h"
 #include "tcache.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,43 @@ static gpumem_status grow(gpumem__pool *p, size_t rsize, int rcls, int smallest_
   return st;
 }
 
+/* What a rise of the reserved peak held besides live memory. Logged only when that is more than 1 %
+ * of the live peak and 16 MiB (a cold start raises the peak with every growth, at the live peak), and
+ * only at GPUMEM_LOG=debug: it walks the stream records and, with expandable segments, the granule
+ * map, and it comes only when the pool grows past its peak. It tells memory the stream order keeps
+ * (freed on a stream whose work the device has not run yet: docs/TROUBLESHOOTING.md) from memory
+ * placement keeps. */
+void gpumem__peak_note(gpumem__pool *p, const gpumem__srec *r, gpumem_stream stream, size_t rsize, uint64_t peak0) {
+  const gpumem__logger *lg = &p->ctx->opt.log;
+  if (!GPUMEM__LOG_ON(lg, GPUMEM_LOG_DEBUG) || p->st.reserved_peak <= peak0) return;
+  uint64_t live = p->st.allocated_bytes + rsize; /* (this allocation is counted once it is returned) */
+  uint64_t live_peak = p->st.allocated_peak > live ? p->st.allocated_peak : live;
+  uint64_t excess = p->st.reserved_peak > live_peak ? p->st.reserved_peak - live_peak : 0;
+  if (excess <= live_peak / 100 || excess < 16 * MiB) return;
+  uint64_t own = 0, other = 0, noted = 0;
+  gpumem__pool_inflight(p, r, &own, &other, &noted);
+  const double M = 1024.0 * 1024.0;
+  char vm[320] = "";
+  if (p->vm != NULL) {
+    uint64_t partial = 0, pinned = 0, idle = 0, allowance = 0;
+    gpumem__vm_describe(p->vm, &partial, &pinned, &idle, &allowance);
+    snprintf(vm, sizeof vm,
+             "; of the mapped memory, %.1f MiB are unused parts of granules in use, %.1f MiB idle granules "
+             "of chunks in use, %.1f MiB idle chunks (new memory may go %.1f MiB past the live peak before "
+             "idle chunks move)",
+             (double)partial / M, (double)pinned / M, (double)idle / M, (double)allowance / M);
+  } else {
+    snprintf(vm, sizeof vm, "; %.1f MiB free for every stream", (double)p->ready->bytes / M);
+  }
+  gpumem__log(lg, GPUMEM_LOG_DEBUG,
+              "device %d: reserved peak %.1f MiB (was %.1f) for %.1f MiB on stream %p, %.1f MiB above the live "
+              "peak; free blocks not yet usable by every stream: %.1f MiB freed on this stream, %.1f MiB freed "
+              "on other streams (waiting for the device), %.1f MiB waiting for streams noted by "
+              "gpumem_record_stream%s",
+              p->device, (double)p->st.reserved_peak / M, (double)peak0 / M, (double)rsize / M, (void *)stream,
+              (double)excess / M, (double)own / M, (double)other / M, (double)noted / M, vm);
+}
+
 /* One allocation attempt under the pool lock, with all the fallbacks except the OOM callback. */
 static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream, gpumem__block **out) {
   if (p->vm != NULL) return gpumem__vm_alloc_locked(p, rsize, rcls, stream, out);
@@ -123,9 +161,11 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
     p->grow_blocked = 1;
     return GPUMEM_ERR_BUSY;
   }
+  uint64_t peak0 = p->st.reserved_peak;
   gpumem_status st = grow(p, rsize, rcls, 0, out);
   if (st == GPUMEM_OK) {
     gpumem__check_free_fraction(p);
+    gpumem__peak_note(p, r, stream, rsize, peak0);
     return GPUMEM_OK;
   }
   if (st != GPUMEM_ERR_OUT_OF_MEMORY && st != GPUMEM_ERR_LIMIT_EXCEEDED) return st;

@@ -233,9 +233,6 @@ static inline uint64_t cached_bytes(const gpumem__pool *p) { return p->st.reserv
 
 #define LOG(p, lvl, ...) gpumem__log(&(p)->ctx->opt.log, (lvl), __VA_ARGS__)
 
-
-#define LOG(p, lvl, ...) gpumem__log(&(p)->ctx->opt.log, (lvl), __VA_ARGS__)
-
 /* A helper defined in a header, used by some of the files that include it. */
 #define GPUMEM__POOL_LOCAL static __attribute__((unused))
 
@@ -256,6 +253,10 @@ gpumem__batch *gpumem__harvest(gpumem__pool *p, gpumem__srec *r, int with_event)
 void gpumem__poll_pending(gpumem__pool *p);
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r);
 int gpumem__pool_pending_blocks(const gpumem__pool *p);
+/* Free bytes not yet usable by every stream: freed on stream r (*own) or on the others (*other: unbatched,
+ * in pending batches, orphaned), and frees waiting for the streams gpumem_record_stream noted (*noted). */
+void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_t *own, uint64_t *other,
+                           uint64_t *noted);
 gpumem_status gpumem__settle(gpumem__pool *p);
 void gpumem__solo_drain(gpumem__pool *p, gpumem__srec *r);
 gpumem_status gpumem__vm_guard(void *arg);
@@ -282,6 +283,10 @@ gpumem_status gpumem__vm_clear(gpumem__pool *p);
 
 /* pool.c: segments from the backend */
 gpumem_status gpumem__seg_create(gpumem__pool *p, size_t size, int cls, gpumem__segment **out);
+/* The allocation of rsize bytes on `stream` (record r, may be NULL) raised the reserved peak from peak0:
+ * with GPUMEM_LOG=debug, log what the pool held then besides live memory, when that is more than a
+ * little. */
+void gpumem__peak_note(gpumem__pool *p, const gpumem__srec *r, gpumem_stream stream, size_t rsize, uint64_t peak0);
 void gpumem__seg_unlink(gpumem__pool *p, gpumem__segment *s);
 void gpumem__free_place(gpumem__pool *p, gpumem__block *b, gpumem_stream stream, int named);
 

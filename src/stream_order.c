@@ -600,6 +600,22 @@ struct gpumem__deferred {
   gpumem_event ev[];
 };
 
+void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_t *own, uint64_t *other,
+                           uint64_t *noted) {
+  uint64_t o = 0, t = 0, n = 0;
+  for (const gpumem__srec *s = p->sfirst; s != NULL; s = s->onext) {
+    uint64_t b = s->idx->bytes;
+    for (const gpumem__batch *bt = s->batches; bt != NULL; bt = bt->snext) b += bt->idx->bytes;
+    if (s == r) o += b;
+    else t += b;
+  }
+  if (p->orphans != NULL) t += p->orphans->bytes;
+  for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next) n += d->b->size;
+  *own = o;
+  *other = t;
+  *noted = n;
+}
+
 gpumem_status gpumem__pool_record_stream(gpumem__pool *p, void *ptr, gpumem_stream stream) {
   gpumem_status st = GPUMEM_OK;
   uintptr_t key = (uintptr_t)ptr;

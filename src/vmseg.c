@@ -175,6 +175,22 @@ size_t gpumem__vm_available(const gpumem__vmpool *vp) { return vp->nidle + vp->s
 
 uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp) { return (uint64_t)vp->spare_gran * vp->gran; }
 
+void gpumem__vm_describe(const gpumem__vmpool *vp, uint64_t *partial, uint64_t *pinned, uint64_t *idle,
+                         uint64_t *allowance) {
+  uint64_t part = 0, pin = 0;
+  for (const gpumem__vmspace *vs = vp->spaces; vs != NULL; vs = vs->next)
+    for (uint32_t g = 0; g < vs->hi; g++) {
+      uint32_t c = vs->cid[g];
+      if (c == NIL) continue;
+      if (vs->busy[g] != 0) part += vp->gran - vs->busy[g];
+      else if (vp->ch[c].nbusy > 0) pin += vp->gran;
+    }
+  *partial = part;
+  *pinned = pin;
+  *idle = (uint64_t)vp->nidle * vp->gran;
+  *allowance = vp->allowance;
+}
+
 static uint64_t mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -246,6 +246,14 @@ static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t ad
  */
 int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t last, size_t size, size_t cap,
                            size_t *budget, uintptr_t *addr, size_t *cost);
+/**
+ * Where the pool's mapped memory that no busy byte uses lies (for the log: O(granules mapped)):
+ * *partial, the unused bytes of granules that hold busy bytes; *pinned, idle granules of chunks that
+ * also hold a busy granule (not movable); *idle, granules of idle chunks (movable, or given back);
+ * *allowance, how far past the live peak new memory may now go before idle chunks are moved.
+ */
+void gpumem__vm_describe(const gpumem__vmpool *vp, uint64_t *partial, uint64_t *pinned, uint64_t *idle,
+                         uint64_t *allowance);
 /** Bytes of spare chunks (held, unmapped). */
 uint64_t gpumem__vm_spare_bytes(const gpumem__vmpool *vp);
 /** Granules available without creating a chunk (in idle and spare chunks). */
