@@ -255,6 +255,130 @@ static gpumem__block *vm_window(gpumem__pool *p, const vm_pick *k, uintptr_t *at
   return best;
 }
 
+/* A free block of the requesting stream's own serves that stream at once, but one smaller than the
+ * request is passed over by vm_search, and it can not be moved or mapped elsewhere while the device
+ * may still use it. With several streams and a GPU behind the host, such blocks (a large activation
+ * freed on the stream, its work still queued) sit next to READY space while the request maps new
+ * memory beside them. An extension places the request over one of them and the READY space on
+ * either side of it: the stream reuses its own memory in order (the READY part is anyone's), and only
+ * the granules of the READY part that are unmapped need memory. Looked at only before memory would
+ * be mapped, among up to VM_EXT_SCAN of the stream's free blocks, largest first. */
+#define VM_EXT_SCAN 64
+
+/* The cheaper of the two ends of the window range [amin, amax] for block c (*at), in granules to map. */
+static size_t vm_ext_cost(const gpumem__block *c, uintptr_t amin, uintptr_t amax, size_t rsize, uintptr_t *at) {
+  const gpumem__vmspace *vs = c->seg->vm;
+  size_t c1 = gpumem__vm_unmapped(vs, amax, rsize);
+  *at = amax;
+  if (c1 > 0 && amin != amax) {
+    size_t c2 = gpumem__vm_unmapped(vs, amin, rsize);
+    if (c2 < c1) {
+      c1 = c2;
+      *at = amin;
+    }
+  }
+  return c1;
+}
+
+/* A READY neighbour the request may use. */
+static inline int vm_ext_ready(const gpumem__pool *p, const gpumem__block *q, const vm_pick *k) {
+  return q != NULL && q->idx == p->ready && !(k->clean_only && q->seg->solo_era);
+}
+
+/* One of the stream's free fidx: the best extension that maps fewer than *cap granules. */
+static void vm_extend_idx(gpumem__pool *p, gpumem__fidx *f, const vm_pick *k, size_t *cap, int *budget,
+                          gpumem__block **best, uintptr_t *at) {
+  if (f->nblocks == 0) return;
+  const size_t rsize = k->rsize;
+  for (int ci = 0; ci < 2 && *budget > 0 && *cap > 0; ci++) {
+    if (ci == 1 && k->rcls == CLS_MIXED) break;
+    gpumem__tlsf *t = &f->t[ci == 0 ? k->rcls : CLS_MIXED];
+    for (int fl = k->fl0; fl >= 0 && *budget > 0 && *cap > 0; fl--) {
+      if (((t->fl_bitmap >> fl) & 1) == 0) continue;
+      for (int sl = fl == k->fl0 ? k->sl0 : TLSF_SL - 1; sl >= 0 && *budget > 0 && *cap > 0; sl--) {
+        for (gpumem__block *c = t->heads[fl][sl]; c != NULL && *budget > 0 && *cap > 0; c = c->fnext) {
+          if (c->size >= rsize || c->seg->kind != SEG_VM) continue; /* larger ones: vm_search */
+          (*budget)--;
+          uintptr_t lo = c->addr, hi = c->addr + c->size;
+          if (vm_ext_ready(p, c->prev, k)) lo = c->prev->addr;
+          if (vm_ext_ready(p, c->next, k)) hi = c->next->addr + c->next->size;
+          if (hi - lo < rsize) continue;
+          /* windows that cover c: [amin, amax] */
+          uintptr_t amin = c->addr + c->size - rsize < lo ? lo : c->addr + c->size - rsize;
+          uintptr_t amax = hi - rsize < c->addr ? hi - rsize : c->addr;
+          if (c->addr + c->size < rsize) amin = lo; /* (no wrap below address 0) */
+          uintptr_t a = 0;
+          size_t cost = vm_ext_cost(c, amin, amax, rsize, &a);
+          if (cost < *cap) {
+            *cap = cost;
+            *best = c;
+            *at = a;
+          }
+        }
+      }
+    }
+  }
+}
+
+/* The stream's free block to extend and the window's start (*at), if one maps fewer than cap granules. */
+static gpumem__block *vm_extend(gpumem__pool *p, gpumem__srec *r, const vm_pick *k, size_t cap, uintptr_t *at) {
+  gpumem__block *best = NULL;
+  int budget = VM_EXT_SCAN;
+  vm_extend_idx(p, r->idx, k, &cap, &budget, &best, at);
+  for (gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) vm_extend_idx(p, bt->idx, k, &cap, &budget, &best, at);
+  return best;
+}
+
+/* Take the extension [a, a + rsize) over free block c (of a stream fidx) and its READY neighbours:
+ * the parts of them outside the window stay READY. Returns the block (in no fidx). Two blocks must
+ * be reserved. */
+static gpumem__block *vm_ext_take(gpumem__pool *p, gpumem__block *c, uintptr_t a, size_t rsize) {
+  gpumem__vmspace *vs = c->seg->vm;
+  const uintptr_t cend = c->addr + c->size, end = a + rsize;
+  idx_remove(p, c);
+  if (a < c->addr) { /* the end of the READY block before c */
+    gpumem__block *q = c->prev;
+    idx_remove(p, q);
+    if (q->addr < a) {
+      gpumem__block *piece = block_split(p, q, a - q->addr);
+      idx_insert(p, p->ready, q);
+      q = piece;
+    }
+    gpumem__vm_busy(vs, a, c->addr - a, +1);
+    q->size += c->size;
+    q->fseq = c->fseq;
+    q->next = c->next;
+    if (c->next != NULL) c->next->prev = q;
+    block_free(p, c);
+    c = q;
+  }
+  if (end > cend) { /* the start of the READY block after c */
+    gpumem__block *q = c->next;
+    idx_remove(p, q);
+    if (q->addr + q->size > end) idx_insert(p, p->ready, block_split(p, q, end - q->addr));
+    gpumem__vm_busy(vs, cend, end - cend, +1);
+    c->size += q->size;
+    c->next = q->next;
+    if (q->next != NULL) q->next->prev = c;
+    block_free(p, q);
+  }
+  return c;
+}
+
+/* Undo vm_ext_take: [ca, cend) back into f (the stream's fidx it came from, with its free number),
+ * the rest READY again. The take freed as many blocks as it used: two are still reserved. */
+static void vm_ext_undo(gpumem__pool *p, gpumem__block *b, gpumem__fidx *f, uintptr_t ca, uintptr_t cend,
+                        uint64_t fseq) {
+  gpumem__block *mid = b;
+  if (ca > b->addr) {
+    mid = block_split(p, b, ca - b->addr);
+    insert_coalesce(p, p->ready, b);
+  }
+  if (cend < mid->addr + mid->size) insert_coalesce(p, p->ready, block_split(p, mid, cend - mid->addr));
+  mid->fseq = fseq;
+  insert_coalesce(p, f, mid);
+}
+
 /* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
 static inline size_t vm_pick_need(const vm_pick *k) {
   if (k->best == NULL) return 1;
@@ -401,8 +525,16 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       b = wb;
       need = gpumem__vm_unmapped(b->seg->vm, wat, rsize);
     }
+    gpumem__block *xb = NULL; /* an extension of this stream's own free block (vm_extend), at xat */
+    uintptr_t xat = 0;
+    if (need > 0 && r != NULL && p->solo == SOLO_MANY && (xb = vm_extend(p, r, &k, need, &xat)) != NULL) {
+      b = xb;
+      wb = NULL;
+      need = gpumem__vm_unmapped(b->seg->vm, xat, rsize);
+    }
     if (b != NULL && need == 0) { /* all mapped: nothing below applies but the take */
-      if (wb != NULL) b = vm_take_at(p, wb, wat, rsize);
+      if (xb != NULL) b = vm_ext_take(p, xb, xat, rsize);
+      else if (wb != NULL) b = vm_take_at(p, wb, wat, rsize);
       else take(p, b, rsize);
       *out = b;
       return GPUMEM_OK;
@@ -447,7 +579,11 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
     } else {
       gpumem__fidx *from = b->idx;
       uint64_t held = p->st.reserved_bytes, peak0 = p->st.reserved_peak;
-      if (wb != NULL) {
+      const uintptr_t xa = b->addr, xend = b->addr + b->size; /* the extended block, for the undo */
+      const uint64_t xseq = b->fseq;
+      if (xb != NULL) {
+        b = vm_ext_take(p, xb, xat, rsize);
+      } else if (wb != NULL) {
         b = vm_take_at(p, wb, wat, rsize);
       } else if (need > 0 && b->idx == p->ready && b->size > rsize && vm_fresh_end_better(b, rsize)) {
         b = vm_take_end(p, b, rsize); /* at the end it shares more granules with busy neighbours */
@@ -467,7 +603,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
         return GPUMEM_OK;
       }
       /* undo: the block goes back where it came from; chunks created for it are given back */
-      insert_coalesce(p, from, b);
+      if (xb != NULL) vm_ext_undo(p, b, from, xa, xend, xseq);
+      else insert_coalesce(p, from, b);
       if (p->st.reserved_bytes > held) {
         uint64_t rel = 0;
         (void)gpumem__vm_trim(p->vm, p->st.reserved_bytes - held, &rel);

@@ -566,6 +566,91 @@ static void test_window_inside_free_block(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* Several streams, the device behind the host: a request larger than a block its own stream freed
+ * (still in use on the device, so it can not move) is placed over that block and the READY space
+ * after it, and only that space is mapped; no other stream gets the block while it is pending. */
+static gpumem_context *extend_setup(void **a, void **b, void **tail) {
+  gpumem_context *ctx = vm_ctx(NULL);
+  gpumem_sim_set_delayed(1);
+  void *t = NULL;
+  assert_status(gpumem_alloc(ctx, 0, TU_MiB, SB, &t), GPUMEM_OK); /* a second stream */
+  assert_status(gpumem_free(ctx, t, SB), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, SA, a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SA, b), GPUMEM_OK);
+  assert_true((uintptr_t)*b == (uintptr_t)*a + 16 * TU_MiB);
+  tu_stamp(*a, 16 * TU_MiB, 0x3);
+  assert_status(gpumem_free(ctx, *b, SA), GPUMEM_OK); /* SA's work may still use it */
+  *tail = (void *)((uintptr_t)*b + 32 * TU_MiB);
+  return ctx;
+}
+
+static void test_extend_own_free_block(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  void *a = NULL, *b = NULL, *tail = NULL, *x = NULL, *y = NULL;
+  gpumem_context *ctx = extend_setup(&a, &b, &tail);
+  (void)tail;
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  /* its own stream: 48 MiB over the 32 it freed, 16 MiB of new memory */
+  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, SA, &x), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_true((uintptr_t)x == (uintptr_t)b);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes + 16 * TU_MiB);
+  assert_true(s1.allocated_bytes == s0.allocated_bytes + 48 * TU_MiB);
+  tu_stamp(x, 48 * TU_MiB, 0x6);
+  assert_held_exact(ctx);
+  /* the space after it is still free, and another stream gets it */
+  assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SB, &y), GPUMEM_OK);
+  assert_true((uintptr_t)y == (uintptr_t)x + 48 * TU_MiB);
+  tu_stamp(y, 32 * TU_MiB, 0x5);
+  assert_true(tu_stamp_ok(a, 16 * TU_MiB, 0x3) && tu_stamp_ok(x, 48 * TU_MiB, 0x6));
+  assert_held_exact(ctx);
+  /* freed, completed: all READY again, nothing held that trim can not give back */
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_held_exact(ctx);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_set_delayed(0);
+  tu_ctx_done(ctx);
+}
+
+/* The extension's memory can not be made (a failed create): the status, the output untouched, and the
+ * freed block is still its stream's and still waits for the device: no other stream gets it. */
+static void test_extend_backend_failure(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  void *a = NULL, *b = NULL, *tail = NULL, *y = NULL;
+  gpumem_context *ctx = extend_setup(&a, &b, &tail);
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  void *x = (void *)0x1;
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MALLOC, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, SA, &x), GPUMEM_ERR_BACKEND);
+  gpumem_sim_fail_clear();
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_true(x == (void *)0x1);
+  assert_true(s1.allocated_bytes == s0.allocated_bytes && s1.num_live == s0.num_live);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes);
+  assert_true(tu_stamp_ok(a, 16 * TU_MiB, 0x3));
+  assert_held_exact(ctx);
+  assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SB, &y), GPUMEM_OK);
+  assert_false((uintptr_t)y < (uintptr_t)b + 32 * TU_MiB && (uintptr_t)b < (uintptr_t)y + 32 * TU_MiB);
+  /* the same request again succeeds */
+  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, SA, &x), GPUMEM_OK);
+  tu_stamp(x, 48 * TU_MiB, 0x6);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_set_delayed(0);
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
@@ -573,6 +658,7 @@ int main(void) {
       TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
       TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget), TU_TEST(test_pressure_granule_chunks),
       TU_TEST(test_huge_block_chunks), TU_TEST(test_window_inside_free_block),
+      TU_TEST(test_extend_own_free_block), TU_TEST(test_extend_backend_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
