@@ -379,6 +379,13 @@ static void vm_ext_undo(gpumem__pool *p, gpumem__block *b, gpumem__fidx *f, uint
   insert_coalesce(p, f, mid);
 }
 
+/* Bytes of the blocks r's stream freed that are not READY yet (usable by that stream only). */
+static uint64_t vm_own_pending(const gpumem__srec *r) {
+  uint64_t n = r->idx->bytes;
+  for (const gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) n += bt->idx->bytes;
+  return n;
+}
+
 /* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
 static inline size_t vm_pick_need(const vm_pick *k) {
   if (k->best == NULL) return 1;
@@ -556,7 +563,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
        * behind the host): their chunks cannot be moved and their space is
        * split from READY. Wait for the device once, so they become READY,
        * coalesce and their chunks idle, then search again. (With several
-       * streams the pool does not wait: another stream's work may be long.)
+       * streams the pool does not wait for the device, another stream's work may be long: it may
+       * wait for the requesting stream alone, below.)
        * Without this wait a device running behind the host raises the peak
        * (gpumem-replay --sim-lag shows it). Steady state (no growth) never waits.
        * (Blocks a single-stream pool made READY without an event are
@@ -567,6 +575,20 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       r = srec_find(p, stream);
       clean_only = p->quarantine && stream != p->solo_s;
       goto search;
+    }
+    if (b != NULL && !synced && need > avail && p->scount > 1 && r != NULL && r->batches != NULL &&
+        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak &&
+        vm_own_pending(r) >= (uint64_t)(need - avail) * g) {
+      /* Several streams, growing past the peak by no more than this stream's own frees still in
+       * flight hold: wait for this stream (one event, not the device: other streams' work may be
+       * long) so that they become READY and their chunks can move here. Waiting when they hold less
+       * saved less than it cost in moves: replays with the device 64-256 events behind,
+       * docs/internals/HOT-PATH.md. A steady state that does not grow never waits. */
+      synced = 1;
+      if (gpumem__sync_stream(p, r)) {
+        r = srec_find(p, stream);
+        goto search;
+      }
     }
     if (b == NULL) {
       gpumem_status st = vm_seg_open(p, rsize, rcls, &b);

@@ -243,6 +243,20 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   p->batch_free = b;
 }
 
+/* Wait for the work queued on r's stream up to its latest free, then make every block it freed READY:
+ * the frees get an event if they have none, the newest batch's event is waited for, and the older
+ * batches, recorded before it on the same stream, are complete too. Returns 1 when blocks became
+ * READY; 0 (nothing changed but batching) during a capture, when there is nothing to wait for, or
+ * when the backend could not record or wait. */
+int gpumem__sync_stream(gpumem__pool *p, gpumem__srec *r) {
+  if (gpumem__capturing(p->ctx)) return 0; /* a wait on a capturing stream is not allowed */
+  if (r->idx->nblocks > 0) (void)gpumem__harvest(p, r, 1);
+  gpumem__batch *b = r->batches;
+  if (b == NULL || !b->has_ev || gpumem__be_event_synchronize(p->ctx, p->device, b->ev) != GPUMEM_OK) return 0;
+  while (r->batches != NULL) batch_complete(p, r->batches);
+  return 1;
+}
+
 /* Single-stream marks. While a pool has seen one stream only, moving its
  * frees into batches would split its free space between fidx (worse fit,
  * less coalescing: plain-mode replays lost up to 25%), so the event is

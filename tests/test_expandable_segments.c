@@ -591,19 +591,20 @@ static void test_extend_own_free_block(void **state) {
   gpumem_context *ctx = extend_setup(&a, &b, &tail);
   (void)tail;
   gpumem_stats s0 = tu_stats(ctx, 0);
-  /* its own stream: 48 MiB over the 32 it freed, 16 MiB of new memory */
-  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, SA, &x), GPUMEM_OK);
+  /* its own stream: 80 MiB over the 32 it freed, 48 MiB of new memory (more than the stream's own
+   * frees in flight: no wait for the stream, test_wait_for_own_stream) */
+  assert_status(gpumem_alloc(ctx, 0, 80 * TU_MiB, SA, &x), GPUMEM_OK);
   gpumem_stats s1 = tu_stats(ctx, 0);
   assert_true((uintptr_t)x == (uintptr_t)b);
-  assert_true(s1.reserved_bytes == s0.reserved_bytes + 16 * TU_MiB);
-  assert_true(s1.allocated_bytes == s0.allocated_bytes + 48 * TU_MiB);
-  tu_stamp(x, 48 * TU_MiB, 0x6);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes + 48 * TU_MiB);
+  assert_true(s1.allocated_bytes == s0.allocated_bytes + 80 * TU_MiB);
+  tu_stamp(x, 80 * TU_MiB, 0x6);
   assert_held_exact(ctx);
   /* the space after it is still free, and another stream gets it */
   assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SB, &y), GPUMEM_OK);
-  assert_true((uintptr_t)y == (uintptr_t)x + 48 * TU_MiB);
+  assert_true((uintptr_t)y == (uintptr_t)x + 80 * TU_MiB);
   tu_stamp(y, 32 * TU_MiB, 0x5);
-  assert_true(tu_stamp_ok(a, 16 * TU_MiB, 0x3) && tu_stamp_ok(x, 48 * TU_MiB, 0x6));
+  assert_true(tu_stamp_ok(a, 16 * TU_MiB, 0x3) && tu_stamp_ok(x, 80 * TU_MiB, 0x6));
   assert_held_exact(ctx);
   /* freed, completed: all READY again, nothing held that trim can not give back */
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
@@ -627,7 +628,7 @@ static void test_extend_backend_failure(void **state) {
   gpumem_stats s0 = tu_stats(ctx, 0);
   void *x = (void *)0x1;
   assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MALLOC, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, SA, &x), GPUMEM_ERR_BACKEND);
+  assert_status(gpumem_alloc(ctx, 0, 80 * TU_MiB, SA, &x), GPUMEM_ERR_BACKEND);
   gpumem_sim_fail_clear();
   gpumem_stats s1 = tu_stats(ctx, 0);
   assert_true(x == (void *)0x1);
@@ -638,8 +639,8 @@ static void test_extend_backend_failure(void **state) {
   assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SB, &y), GPUMEM_OK);
   assert_false((uintptr_t)y < (uintptr_t)b + 32 * TU_MiB && (uintptr_t)b < (uintptr_t)y + 32 * TU_MiB);
   /* the same request again succeeds */
-  assert_status(gpumem_alloc(ctx, 0, 48 * TU_MiB, SA, &x), GPUMEM_OK);
-  tu_stamp(x, 48 * TU_MiB, 0x6);
+  assert_status(gpumem_alloc(ctx, 0, 80 * TU_MiB, SA, &x), GPUMEM_OK);
+  tu_stamp(x, 80 * TU_MiB, 0x6);
   assert_held_exact(ctx);
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
@@ -651,6 +652,70 @@ static void test_extend_backend_failure(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* Several streams, growing past the peak by no more than the requesting stream's own frees still in
+ * flight: the pool waits for that stream (one event, not the device) and moves their chunks instead
+ * of making new memory. x1 and x2 are separated by live blocks, so neither fits 64 MiB alone. */
+static gpumem_context *own_wait_setup(void *v[4]) {
+  gpumem_context *ctx = vm_ctx(NULL);
+  gpumem_sim_set_delayed(1);
+  void *t = NULL;
+  assert_status(gpumem_alloc(ctx, 0, GRAN, SB, &t), GPUMEM_OK); /* a second stream, one whole granule */
+  for (int i = 0; i < 4; i++) assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SA, &v[i]), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, t, SB), GPUMEM_OK);
+  tu_stamp(v[1], 32 * TU_MiB, 0x1);
+  tu_stamp(v[3], 32 * TU_MiB, 0x3);
+  assert_status(gpumem_free(ctx, v[0], SA), GPUMEM_OK); /* x1, x2: SA's work may still use them */
+  assert_status(gpumem_free(ctx, v[2], SA), GPUMEM_OK);
+  return ctx;
+}
+
+static void own_wait_done(gpumem_context *ctx, void *v[4], void *x) {
+  assert_true(tu_stamp_ok(v[1], 32 * TU_MiB, 0x1) && tu_stamp_ok(v[3], 32 * TU_MiB, 0x3));
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, v[1], SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, v[3], SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_set_delayed(0);
+  tu_ctx_done(ctx);
+}
+
+static void test_wait_for_own_stream(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  void *v[4] = {0}, *x = NULL;
+  gpumem_context *ctx = own_wait_setup(v);
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  uint64_t syncs0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_SYNC);
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SA, &x), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes && s1.reserved_peak == s0.reserved_peak);
+  assert_true(s1.num_backend_allocs == s0.num_backend_allocs);
+  assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_SYNC) == syncs0); /* no stream or device synchronize */
+  tu_stamp(x, 64 * TU_MiB, 0x9);
+  own_wait_done(ctx, v, x);
+}
+
+/* ... and when the wait fails (every event call of the backend fails), the pool grows as before: the
+ * allocation succeeds with new memory, and nothing else changes. */
+static void test_wait_for_own_stream_fails(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  void *v[4] = {0}, *x = NULL;
+  gpumem_context *ctx = own_wait_setup(v);
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SA, &x), GPUMEM_OK);
+  gpumem_sim_fail_clear();
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes + 64 * TU_MiB);
+  assert_true(s1.allocated_bytes == s0.allocated_bytes + 64 * TU_MiB && s1.num_live == s0.num_live + 1);
+  tu_stamp(x, 64 * TU_MiB, 0x9);
+  own_wait_done(ctx, v, x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
@@ -658,7 +723,8 @@ int main(void) {
       TU_TEST(test_oom_trim_retry), TU_TEST(test_limit), TU_TEST(test_vm_faults), TU_TEST(test_switch),
       TU_TEST(test_reset_gives_everything_back), TU_TEST(test_vm_call_budget), TU_TEST(test_pressure_granule_chunks),
       TU_TEST(test_huge_block_chunks), TU_TEST(test_window_inside_free_block),
-      TU_TEST(test_extend_own_free_block), TU_TEST(test_extend_backend_failure),
+      TU_TEST(test_extend_own_free_block), TU_TEST(test_extend_backend_failure), TU_TEST(test_wait_for_own_stream),
+      TU_TEST(test_wait_for_own_stream_fails),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
