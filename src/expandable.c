@@ -585,7 +585,12 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
        * saved less than it cost in moves: replays with the device 64-256 events behind,
        * docs/internals/HOT-PATH.md. A steady state that does not grow never waits. */
       synced = 1;
+      const uint64_t own = vm_own_pending(r);
       if (gpumem__sync_stream(p, r)) {
+        LOG(p, GPUMEM_LOG_DEBUG,
+            "device %d: waited for stream %p before growing past the reserved peak: %.1f MiB it freed were "
+            "still in use on the device",
+            p->device, (void *)stream, (double)own / (double)MiB);
         r = srec_find(p, stream);
         goto search;
       }
