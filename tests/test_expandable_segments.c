@@ -655,27 +655,13 @@ static void test_extend_backend_failure(void **state) {
 /* Several streams, growing past the peak by no more than the requesting stream's own frees still in
  * flight: the pool waits for that stream (one event, not the device) and moves their chunks instead
  * of making new memory. x1 and x2 are separated by live blocks, so neither fits 64 MiB alone. */
-typedef struct wait_log {
-  char last[512];
-  int n;
-} wait_log;
-
-static void wait_log_fn(void *user, gpumem_log_level level, const char *msg) {
-  wait_log *l = user;
-  if (level != GPUMEM_LOG_DEBUG || strstr(msg, "waited for stream") == NULL) return;
-  l->n++;
-  snprintf(l->last, sizeof l->last, "%s", msg);
-}
-
-static wait_log g_wait_log;
+static tu_log *g_wait_log; /* the debug lines of the pool of own_wait_setup */
 
 static gpumem_context *own_wait_setup(void *v[4]) {
   gpumem_config cfg;
   tu_config(&cfg);
-  memset(&g_wait_log, 0, sizeof g_wait_log);
-  cfg.log_callback = wait_log_fn;
-  cfg.log_user = &g_wait_log;
-  cfg.log_level = GPUMEM_LOG_DEBUG;
+  g_wait_log = tu_log_new();
+  tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
   gpumem_context *ctx = vm_ctx(&cfg);
   gpumem_sim_set_delayed(1);
   void *t = NULL;
@@ -700,6 +686,8 @@ static void own_wait_done(gpumem_context *ctx, void *v[4], void *x) {
   assert_true(tu_sim_used(0) == 0);
   gpumem_sim_set_delayed(0);
   tu_ctx_done(ctx);
+  tu_log_free(g_wait_log);
+  g_wait_log = NULL;
 }
 
 static void test_wait_for_own_stream(void **state) {
@@ -714,8 +702,9 @@ static void test_wait_for_own_stream(void **state) {
   assert_true(s1.reserved_bytes == s0.reserved_bytes && s1.reserved_peak == s0.reserved_peak);
   assert_true(s1.num_backend_allocs == s0.num_backend_allocs);
   assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_SYNC) == syncs0); /* no stream or device synchronize */
-  assert_int_equal(g_wait_log.n, 1); /* GPUMEM_LOG=debug says so */
-  assert_non_null(strstr(g_wait_log.last, "64.0 MiB it freed were still in use on the device"));
+  /* GPUMEM_LOG=debug says so */
+  assert_int_equal(tu_log_count_matching(g_wait_log, "waited for stream", NULL), 1);
+  assert_int_equal(tu_log_count_matching(g_wait_log, "64.0 MiB it freed were still in use on the device", NULL), 1);
   tu_stamp(x, 64 * TU_MiB, 0x9);
   own_wait_done(ctx, v, x);
 }
@@ -731,7 +720,7 @@ static void test_wait_for_own_stream_fails(void **state) {
   assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SA, &x), GPUMEM_OK);
   gpumem_sim_fail_clear();
-  assert_int_equal(g_wait_log.n, 0);
+  assert_int_equal(tu_log_count_matching(g_wait_log, "waited for stream", NULL), 0);
   gpumem_stats s1 = tu_stats(ctx, 0);
   assert_true(s1.reserved_bytes == s0.reserved_bytes + 64 * TU_MiB);
   assert_true(s1.allocated_bytes == s0.allocated_bytes + 64 * TU_MiB && s1.num_live == s0.num_live + 1);
