@@ -552,17 +552,22 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * request above the limit or the device: the same refusal again, counted and logged twice. */
     if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
-  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL && (size <= GPUMEM__TC_MAX_SIZE || (fresh && acct->large_ok))) {
+  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL) {
     /* remember the block, so that this thread's free of it claims it without the index; not when a
-     * flush came between (a reset may have dropped it), nor when the cache was rekeyed */
+     * flush came between (a reset may have dropped it), nor when the cache was rekeyed. large_ok is
+     * read under the cache lock: another thread's flush clears it under that lock (tc_detach). */
     gpumem__tc_lock(c);
-    gpumem__block *b = acct->last;
-    size_t bsize = acct->last_size;
-    if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream) {
-      if (bsize <= GPUMEM__TC_MAX_SIZE) gpumem__tc_remember(c, b, (uintptr_t)*out, acct->last_state, bsize, c->class_of[bsize >> 8]);
-      else c->lfresh = (gpumem__tc_own){(uintptr_t)*out, b, acct->last_state, bsize};
+    if (size <= GPUMEM__TC_MAX_SIZE || (fresh && acct->large_ok)) {
+      gpumem__block *b = acct->last;
+      size_t bsize = acct->last_size;
+      if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream) {
+        if (bsize <= GPUMEM__TC_MAX_SIZE)
+          gpumem__tc_remember(c, b, (uintptr_t)*out, acct->last_state, bsize, c->class_of[bsize >> 8]);
+        else
+          c->lfresh = (gpumem__tc_own){(uintptr_t)*out, b, acct->last_state, bsize};
+      }
+      acct->last = NULL;
     }
-    acct->last = NULL;
     gpumem__tc_unlock(c);
   }
   return st;
