@@ -164,27 +164,30 @@ static inline void idx_remove(gpumem__pool *p, gpumem__block *b) {
   b->idx = NULL;
 }
 
+/* b takes in the block after it, which is in no fidx (its struct is freed). */
+static inline void block_absorb_next(gpumem__pool *p, gpumem__block *b) {
+  gpumem__block *q = b->next;
+  b->size += q->size;
+  b->next = q->next;
+  if (q->next != NULL) q->next->prev = b;
+  block_free(p, q);
+}
+
 /* Insert b (in no fidx) into f, merging with neighbours already in f. */
 GPUMEM__POOL_LOCAL void insert_coalesce(gpumem__pool *p, gpumem__fidx *f, gpumem__block *b) {
   if (f->kind == IDX_READY && b->seg->kind == SEG_VM) gpumem__vm_busy(b->seg->vm, b->addr, b->size, -1);
   gpumem__block *q = b->prev;
   if (q != NULL && q->idx == f) {
     idx_remove(p, q);
-    q->size += b->size;
     if (b->fseq > q->fseq) q->fseq = b->fseq;
-    q->next = b->next;
-    if (b->next != NULL) b->next->prev = q;
-    block_free(p, b);
+    block_absorb_next(p, q);
     b = q;
   }
   q = b->next;
   if (q != NULL && q->idx == f) {
     idx_remove(p, q);
-    b->size += q->size;
     if (q->fseq > b->fseq) b->fseq = q->fseq;
-    b->next = q->next;
-    if (q->next != NULL) q->next->prev = b;
-    block_free(p, q);
+    block_absorb_next(p, b);
   }
   idx_insert(p, f, b);
 }

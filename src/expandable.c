@@ -303,10 +303,10 @@ static void vm_extend_idx(gpumem__pool *p, gpumem__fidx *f, const vm_pick *k, si
           if (vm_ext_ready(p, c->prev, k)) lo = c->prev->addr;
           if (vm_ext_ready(p, c->next, k)) hi = c->next->addr + c->next->size;
           if (hi - lo < rsize) continue;
-          /* windows that cover c: [amin, amax] */
-          uintptr_t amin = c->addr + c->size - rsize < lo ? lo : c->addr + c->size - rsize;
+          /* windows that cover c: [amin, amax] (hi - lo >= rsize > c->size: neither wraps) */
+          const uintptr_t cend = c->addr + c->size;
+          uintptr_t amin = cend - lo < rsize ? lo : cend - rsize;
           uintptr_t amax = hi - rsize < c->addr ? hi - rsize : c->addr;
-          if (c->addr + c->size < rsize) amin = lo; /* (no wrap below address 0) */
           uintptr_t a = 0;
           size_t cost = vm_ext_cost(c, amin, amax, rsize, &a);
           if (cost < *cap) {
@@ -345,11 +345,8 @@ static gpumem__block *vm_ext_take(gpumem__pool *p, gpumem__block *c, uintptr_t a
       q = piece;
     }
     gpumem__vm_busy(vs, a, c->addr - a, +1);
-    q->size += c->size;
     q->fseq = c->fseq;
-    q->next = c->next;
-    if (c->next != NULL) c->next->prev = q;
-    block_free(p, c);
+    block_absorb_next(p, q);
     c = q;
   }
   if (end > cend) { /* the start of the READY block after c */
@@ -357,10 +354,7 @@ static gpumem__block *vm_ext_take(gpumem__pool *p, gpumem__block *c, uintptr_t a
     idx_remove(p, q);
     if (q->addr + q->size > end) idx_insert(p, p->ready, block_split(p, q, end - q->addr));
     gpumem__vm_busy(vs, cend, end - cend, +1);
-    c->size += q->size;
-    c->next = q->next;
-    if (q->next != NULL) q->next->prev = c;
-    block_free(p, q);
+    block_absorb_next(p, c);
   }
   return c;
 }
@@ -377,13 +371,6 @@ static void vm_ext_undo(gpumem__pool *p, gpumem__block *b, gpumem__fidx *f, uint
   if (cend < mid->addr + mid->size) insert_coalesce(p, p->ready, block_split(p, mid, cend - mid->addr));
   mid->fseq = fseq;
   insert_coalesce(p, f, mid);
-}
-
-/* Bytes of the blocks r's stream freed that are not READY yet (usable by that stream only). */
-static uint64_t vm_own_pending(const gpumem__srec *r) {
-  uint64_t n = r->idx->bytes;
-  for (const gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) n += bt->idx->bytes;
-  return n;
 }
 
 /* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
@@ -576,16 +563,16 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       clean_only = p->quarantine && stream != p->solo_s;
       goto search;
     }
+    uint64_t own = 0; /* (bytes of this stream's frees in flight, when it is worth asking) */
     if (b != NULL && !synced && need > avail && p->scount > 1 && r != NULL && r->batches != NULL &&
         p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak &&
-        vm_own_pending(r) >= (uint64_t)(need - avail) * g) {
+        (own = gpumem__srec_pending_bytes(r)) >= (uint64_t)(need - avail) * g) {
       /* Several streams, growing past the peak by no more than this stream's own frees still in
        * flight hold: wait for this stream (one event, not the device: other streams' work may be
        * long) so that they become READY and their chunks can move here. Waiting when they hold less
        * saved less than it cost in moves: replays with the device 64-256 events behind,
        * docs/internals/HOT-PATH.md. A steady state that does not grow never waits. */
       synced = 1;
-      const uint64_t own = vm_own_pending(r);
       if (gpumem__sync_stream(p, r)) {
         LOG(p, GPUMEM_LOG_DEBUG,
             "device %d: waited for stream %p before growing past the reserved peak: %.1f MiB it freed were "

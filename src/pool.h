@@ -253,6 +253,9 @@ gpumem__batch *gpumem__harvest(gpumem__pool *p, gpumem__srec *r, int with_event)
 void gpumem__poll_pending(gpumem__pool *p);
 void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r);
 int gpumem__pool_pending_blocks(const gpumem__pool *p);
+/* Bytes of the blocks r's stream freed that are not READY yet (usable by that stream only): unbatched
+ * and in its pending batches. */
+uint64_t gpumem__srec_pending_bytes(const gpumem__srec *r);
 /* Free bytes not yet usable by every stream: freed on stream r (*own) or on the others (*other: unbatched,
  * in pending batches, orphaned), and frees waiting for the streams gpumem_record_stream noted (*noted). */
 void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_t *own, uint64_t *other,

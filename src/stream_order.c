@@ -614,14 +614,18 @@ struct gpumem__deferred {
   gpumem_event ev[];
 };
 
+uint64_t gpumem__srec_pending_bytes(const gpumem__srec *r) {
+  uint64_t n = r->idx->bytes;
+  for (const gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) n += bt->idx->bytes;
+  return n;
+}
+
 void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_t *own, uint64_t *other,
                            uint64_t *noted) {
   uint64_t o = 0, t = 0, n = 0;
   for (const gpumem__srec *s = p->sfirst; s != NULL; s = s->onext) {
-    uint64_t b = s->idx->bytes;
-    for (const gpumem__batch *bt = s->batches; bt != NULL; bt = bt->snext) b += bt->idx->bytes;
-    if (s == r) o += b;
-    else t += b;
+    if (s == r) o += gpumem__srec_pending_bytes(s);
+    else t += gpumem__srec_pending_bytes(s);
   }
   if (p->orphans != NULL) t += p->orphans->bytes;
   for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next) n += d->b->size;
