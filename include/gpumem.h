@@ -704,7 +704,9 @@ GPUMEM_API gpumem_status gpumem_share_reclaim(gpumem_context *ctx, int device, u
  * allocation (ID: unique decimal integers in allocation order; SIZE: the
  * requested size; STREAM: the stream handle as a decimal integer, 0 = the
  * default stream; a fifth field DEVICE when the device is not 0) and
- * `f ID` for a free. A gpumem_reset() writes `f ID` for every live block of
+ * `f ID` for a free (`f ID STREAM` when freed on a stream other than the
+ * allocation's), and `n ID STREAM` when gpumem_record_stream() noted the block
+ * on a stream. A gpumem_reset() writes `f ID` for every live block of
  * the device it reset. The file is truncated; `%p` in `path` is replaced by
  * the process id and `%c` by a per-process context counter. The environment
  * variable `GPUMEM_TRACE=path` does the same at gpumem_create() (unless

@@ -366,7 +366,9 @@ gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gpumem_stream
   for (int tries = 0; tries < 4; tries++) {
     gpumem__pool *p = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr);
     if (p == NULL) break;
-    gpumem_status st = gpumem__pool_record_stream(p, ptr, stream);
+    gpumem_status st = (atomic_load_explicit(&ctx->mon, memory_order_relaxed) & GPUMEM__MON_TRACE)
+                           ? gpumem__monitor_record_stream(ctx, p, ptr, stream)
+                           : gpumem__pool_record_stream(p, ptr, stream);
     if (st != GPUMEM_ERR_INVALID_POINTER) return st;
   }
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "gpumem_record_stream(%p): not a live allocation of this context", ptr);

@@ -400,6 +400,10 @@ void gpumem__monitor_alloc_enter(gpumem_context *ctx);
 void gpumem__monitor_alloc_exit(gpumem_context *ctx);
 /** gpumem_free of a non-NULL ptr with monitoring: annotates, calls gpumem__free_unmonitored, records. */
 gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream);
+/** gpumem_record_stream with a trace recorded: the pool's record_stream, then an "n" line, under the
+ * monitor lock. */
+gpumem_status gpumem__monitor_record_stream(gpumem_context *ctx, gpumem__pool *pool, void *ptr,
+                                            gpumem_stream stream);
 /** gpumem__pool_reset with monitoring (annotations withdrawn, frees recorded; undone when the reset fails). */
 gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool);
 /** Before gpumem_destroy with FORCE destroys a pool with live blocks: withdraw their annotations. */

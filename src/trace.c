@@ -14,10 +14,13 @@
  * This serialises frees only while a trace is recorded or a checking tool
  * is attached.
  *
- * Trace format (shared/traces/README.md, plus an optional DEVICE field):
+ * Trace format (shared/traces/README.md, plus the optional fields and lines below):
  *   # comments
  *   a ID SIZE STREAM [DEVICE]
- *   f ID
+ *   f ID [STREAM]    STREAM: the free's, written when it is not the allocation's
+ *   n ID STREAM      gpumem_record_stream noted the live block ID on STREAM
+ * so that a replay frees on the streams the program named and keeps a block
+ * noted on other streams for them as the program's pool did.
  */
 #include "internal.h"
 #include "hashtab.h"
@@ -38,6 +41,7 @@
 typedef struct trace_slot {
   uintptr_t key; /* 0 = empty */
   uint64_t id;
+  uintptr_t stream; /* the allocation's (a free on another stream names its own) */
   int device;
 } trace_slot;
 
@@ -124,13 +128,14 @@ static int map_grow(struct gpumem__trace *t) {
 }
 
 /* Insert or overwrite; -1 on host out-of-memory. */
-static int map_put(struct gpumem__trace *t, uintptr_t key, uint64_t id, int device) {
+static int map_put(struct gpumem__trace *t, uintptr_t key, uint64_t id, uintptr_t stream, int device) {
   if ((t->count + 1) * 2 > t->cap && map_grow(t) != 0) return -1;
   size_t mask = t->cap - 1;
   size_t i = gpumem__ht_slot_for(t->slots, sizeof *t->slots, mask, slot_hash(key, mask), key, slot_key);
   if (t->slots[i].key == 0) t->count++;
   t->slots[i].key = key;
   t->slots[i].id = id;
+  t->slots[i].stream = stream;
   t->slots[i].device = device;
   return 0;
 }
@@ -140,14 +145,21 @@ static int slot_cmp_id(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Remove key; returns 1 and its ID when present. */
-static int map_take(struct gpumem__trace *t, uintptr_t key, uint64_t *id) {
-  if (t->cap == 0) return 0;
+/* The slot of key, or NULL. */
+static trace_slot *map_find(struct gpumem__trace *t, uintptr_t key) {
+  if (t->cap == 0) return NULL;
   size_t mask = t->cap - 1;
   size_t i = gpumem__ht_find(t->slots, sizeof *t->slots, mask, slot_hash(key, mask), key, slot_key);
-  if (i == SIZE_MAX) return 0;
-  *id = t->slots[i].id;
-  gpumem__ht_delete(t->slots, sizeof *t->slots, mask, i, slot_key, slot_hash);
+  return i == SIZE_MAX ? NULL : &t->slots[i];
+}
+
+/* Remove key; returns 1 and its ID and allocation stream when present. */
+static int map_take(struct gpumem__trace *t, uintptr_t key, uint64_t *id, uintptr_t *stream) {
+  trace_slot *sl = map_find(t, key);
+  if (sl == NULL) return 0;
+  *id = sl->id;
+  *stream = sl->stream;
+  gpumem__ht_delete(t->slots, sizeof *t->slots, t->cap - 1, (size_t)(sl - t->slots), slot_key, slot_hash);
   t->count--;
   return 1;
 }
@@ -262,7 +274,7 @@ static void write_header(gpumem_context *ctx, struct gpumem__trace *t) {
   trace_printf(t,
           "# libgpumem trace\n"
           "# format: 'a ID SIZE STREAM [DEVICE]' (SIZE as requested, STREAM the stream handle, DEVICE absent = 0), "
-          "'f ID'\n"
+          "'f ID [STREAM]' (STREAM when not the allocation's), 'n ID STREAM' (gpumem_record_stream)\n"
           "# libgpumem %d.%d.%d\n"
           "# workload %s\n"
           "# backend %s\n"
@@ -449,7 +461,7 @@ void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t si
   struct gpumem__trace *t = (mon & GPUMEM__MON_TRACE) ? ctx->trace : NULL;
   if (t != NULL) {
     uint64_t id = t->next_id++;
-    if (map_put(t, (uintptr_t)ptr, id, device) != 0) {
+    if (map_put(t, (uintptr_t)ptr, id, (uintptr_t)stream, device) != 0) {
       /* no host memory to remember the ID: the free will be missing from the trace */
       if (!t->write_error) t->write_error = ENOMEM;
     }
@@ -474,17 +486,44 @@ void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t si
 
 static void trace_reset_locked(struct gpumem__trace *t, int device);
 
-/* Write "f ID" for ptr when the trace knows it. trace_lock held. */
-static void trace_free_locked(struct gpumem__trace *t, void *ptr) {
+/* Write "f ID" for ptr when the trace knows it, "f ID STREAM" when freed on a stream other than its
+ * allocation's. trace_lock held. */
+static void trace_free_locked(struct gpumem__trace *t, void *ptr, gpumem_stream stream) {
   uint64_t id;
-  if (t == NULL || !map_take(t, (uintptr_t)ptr, &id)) return;
-  char line[32], *w = line;
+  uintptr_t astream;
+  if (t == NULL || !map_take(t, (uintptr_t)ptr, &id, &astream)) return;
+  char line[64], *w = line;
   *w++ = 'f';
   *w++ = ' ';
   put_u64(&w, id);
+  if ((uintptr_t)stream != astream) {
+    *w++ = ' ';
+    put_u64(&w, (uint64_t)(uintptr_t)stream);
+  }
   *w++ = '\n';
   trace_write(t, line, (size_t)(w - line));
   t->nfrees++;
+}
+
+gpumem_status gpumem__monitor_record_stream(gpumem_context *ctx, gpumem__pool *pool, void *ptr,
+                                            gpumem_stream stream) {
+  /* under the monitor lock, as a free: the line names the block's current owner */
+  gpumem__mutex_lock(&ctx->trace_lock);
+  gpumem_status st = gpumem__pool_record_stream(pool, ptr, stream);
+  struct gpumem__trace *t = ctx->trace;
+  trace_slot *sl = st == GPUMEM_OK && t != NULL ? map_find(t, (uintptr_t)ptr) : NULL;
+  if (sl != NULL) {
+    char line[64], *w = line;
+    *w++ = 'n';
+    *w++ = ' ';
+    put_u64(&w, sl->id);
+    *w++ = ' ';
+    put_u64(&w, (uint64_t)(uintptr_t)stream);
+    *w++ = '\n';
+    trace_write(t, line, (size_t)(w - line));
+  }
+  gpumem__mutex_unlock(&ctx->trace_lock);
+  return st;
 }
 
 gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream stream) {
@@ -501,7 +540,7 @@ gpumem_status gpumem__monitor_free(gpumem_context *ctx, void *ptr, gpumem_stream
   gpumem_status st = gpumem__free_unmonitored(ctx, ptr, stream);
   if (st == GPUMEM_OK) {
     if (annotated) gpumem__be_annotate_free(ctx, dev, ptr, req);
-    if (mon & GPUMEM__MON_TRACE) trace_free_locked(ctx->trace, ptr);
+    if (mon & GPUMEM__MON_TRACE) trace_free_locked(ctx->trace, ptr, stream);
   }
   gpumem__mutex_unlock(&ctx->trace_lock);
   return st;
@@ -569,6 +608,6 @@ static void trace_reset_locked(struct gpumem__trace *t, int device) {
   for (size_t i = 0; i < t->cap; i++)
     if (t->slots[i].key != 0 && t->slots[i].device == device) v[k++] = t->slots[i];
   if (n_dev > 1) qsort(v, n_dev, sizeof *v, slot_cmp_id);
-  for (k = 0; k < n_dev; k++) trace_free_locked(t, (void *)v[k].key);
+  for (k = 0; k < n_dev; k++) trace_free_locked(t, (void *)v[k].key, (gpumem_stream)v[k].stream);
   free(v);
 }

@@ -9,11 +9,12 @@
 #include "testutil.h"
 
 typedef struct ev {
-  char kind;       /* 'a' or 'f' */
+  char kind;       /* 'a', 'f' or 'n' */
   uint64_t id;
   uint64_t size;
-  uint64_t stream;
+  uint64_t stream; /* 'a': the allocation's; 'f': the free's when has_stream; 'n': the noted stream */
   int device;
+  int has_stream;  /* 'f': the line names the free's stream (not the allocation's) */
 } ev;
 
 typedef struct parsed {
@@ -37,7 +38,7 @@ static void push(parsed *p, ev e) {
   p->e[p->n++] = e;
 }
 
-/* Parse a trace file strictly: comment lines, 'a ID SIZE STREAM [DEVICE]', 'f ID'. */
+/* Parse a trace file strictly: comment lines, 'a ID SIZE STREAM [DEVICE]', 'f ID [STREAM]', 'n ID STREAM'. */
 static parsed parse(const char *path) {
   parsed p;
   memset(&p, 0, sizeof p);
@@ -73,10 +74,21 @@ static parsed parse(const char *path) {
       e.size = size;
       e.stream = stream;
     } else if (line[0] == 'f') {
-      assert_int_equal(sscanf(line, "f %llu%n", &id, &consumed), 1);
+      if (sscanf(line, "f %llu %llu%n", &id, &stream, &consumed) == 2) {
+        e.has_stream = 1;
+        e.stream = stream;
+      } else {
+        assert_int_equal(sscanf(line, "f %llu%n", &id, &consumed), 1);
+      }
       assert_true(line[consumed] == '\n');
       e.kind = 'f';
       e.id = id;
+    } else if (line[0] == 'n') {
+      assert_int_equal(sscanf(line, "n %llu %llu%n", &id, &stream, &consumed), 2);
+      assert_true(line[consumed] == '\n');
+      e.kind = 'n';
+      e.id = id;
+      e.stream = stream;
     } else {
       fail_msg("bad trace line: %s", line);
     }
@@ -86,7 +98,7 @@ static parsed parse(const char *path) {
   return p;
 }
 
-/* IDs: 'a' lines in increasing order from 1, every 'f' of a live ID, each at most once. */
+/* IDs: 'a' lines in increasing order from 1, every 'f' and 'n' of a live ID, each 'f' at most once. */
 static void check_consistent(const parsed *p) {
   uint64_t next = 1;
   size_t nalloc = 0;
@@ -102,8 +114,8 @@ static void check_consistent(const parsed *p) {
       live[e->id] = 1;
     } else {
       assert_true(e->id >= 1 && e->id < next);
-      if (!live[e->id]) fail_msg("event %zu frees ID %llu which is not live", i, (unsigned long long)e->id);
-      live[e->id] = 0;
+      if (!live[e->id]) fail_msg("event %zu names ID %llu which is not live", i, (unsigned long long)e->id);
+      if (e->kind == 'f') live[e->id] = 0;
     }
   }
   free(live);
@@ -117,7 +129,7 @@ static void check_consistent(const parsed *p) {
 /* A deterministic workload; fills want (the events it should produce). */
 static void workload(gpumem_context *ctx, uint64_t seed, parsed *want) {
   void *ptr[NSLOTS] = {0};
-  uint64_t id[NSLOTS] = {0};
+  uint64_t id[NSLOTS] = {0}, astream[NSLOTS] = {0};
   uint64_t next = 1;
   const uint64_t streams[3] = {0, 0x1000, 0x2000};
   for (int op = 0; op < NOPS; op++) {
@@ -129,11 +141,13 @@ static void workload(gpumem_context *ctx, uint64_t seed, parsed *want) {
       uint64_t s = streams[tu_rand_range(&seed, 0, 2)];
       assert_status(gpumem_alloc(ctx, 0, size, (gpumem_stream)(uintptr_t)s, &ptr[k]), GPUMEM_OK);
       id[k] = next++;
-      if (want) push(want, (ev){'a', id[k], size, s, 0});
+      astream[k] = s;
+      if (want) push(want, (ev){'a', id[k], size, s, 0, 0});
     } else {
       assert_status(gpumem_free(ctx, ptr[k], NULL), GPUMEM_OK);
       ptr[k] = NULL;
-      if (want) push(want, (ev){'f', id[k], 0, 0, 0});
+      /* freed on the default stream: the line names it when the block was allocated on another */
+      if (want) push(want, (ev){'f', id[k], 0, 0, 0, astream[k] != 0});
     }
   }
   /* a zero-size allocation and a NULL free record nothing */
@@ -146,12 +160,12 @@ static void workload(gpumem_context *ctx, uint64_t seed, parsed *want) {
   for (int k = 5; k < NSLOTS; k++)
     if (ptr[k] != NULL) {
       assert_status(gpumem_free(ctx, ptr[k], NULL), GPUMEM_OK);
-      if (want) push(want, (ev){'f', id[k], 0, 0, 0});
+      if (want) push(want, (ev){'f', id[k], 0, 0, 0, astream[k] != 0});
     }
   for (int k = 0; k < 5; k++)
     if (ptr[k] != NULL) {
       assert_status(gpumem_free(ctx, ptr[k], NULL), GPUMEM_OK);
-      if (want) push(want, (ev){'f', id[k], 0, 0, 0});
+      if (want) push(want, (ev){'f', id[k], 0, 0, 0, astream[k] != 0});
     }
 }
 
@@ -159,30 +173,38 @@ static void assert_same_events(const parsed *got, const parsed *want) {
   assert_int_equal(got->n, want->n);
   for (size_t i = 0; i < want->n; i++) {
     const ev *g = &got->e[i], *w = &want->e[i];
-    if (g->kind != w->kind || g->id != w->id || g->size != w->size || g->stream != w->stream || g->device != w->device)
+    if (g->kind != w->kind || g->id != w->id || g->size != w->size || g->stream != w->stream ||
+        g->device != w->device || g->has_stream != w->has_stream)
       fail_msg("event %zu: got %c %llu %llu %llu, want %c %llu %llu %llu", i, g->kind, (unsigned long long)g->id,
                (unsigned long long)g->size, (unsigned long long)g->stream, w->kind, (unsigned long long)w->id,
                (unsigned long long)w->size, (unsigned long long)w->stream);
   }
 }
 
-/* Replay parsed events through ctx (streams as recorded); frees everything left at the end. */
+/* Replay parsed events through ctx (streams as recorded: a free on its line's stream, else on its
+ * allocation's); frees everything left at the end. */
 static void replay(gpumem_context *ctx, const parsed *p) {
   size_t nalloc = 0;
   for (size_t i = 0; i < p->n; i++)
     if (p->e[i].kind == 'a') nalloc++;
   void **ptrs = calloc(nalloc + 2, sizeof *ptrs);
-  assert_non_null(ptrs);
+  uint64_t *astream = calloc(nalloc + 2, sizeof *astream);
+  assert_true(ptrs != NULL && astream != NULL);
   for (size_t i = 0; i < p->n; i++) {
     const ev *e = &p->e[i];
-    if (e->kind == 'a')
+    if (e->kind == 'a') {
       assert_status(gpumem_alloc(ctx, e->device, (size_t)e->size, (gpumem_stream)(uintptr_t)e->stream, &ptrs[e->id]),
                     GPUMEM_OK);
-    else {
-      assert_status(gpumem_free(ctx, ptrs[e->id], NULL), GPUMEM_OK);
+      astream[e->id] = e->stream;
+    } else if (e->kind == 'n') {
+      assert_status(gpumem_record_stream(ctx, ptrs[e->id], (gpumem_stream)(uintptr_t)e->stream), GPUMEM_OK);
+    } else {
+      uint64_t fs = e->has_stream ? e->stream : astream[e->id];
+      assert_status(gpumem_free(ctx, ptrs[e->id], (gpumem_stream)(uintptr_t)fs), GPUMEM_OK);
       ptrs[e->id] = NULL;
     }
   }
+  free(astream);
   for (size_t i = 0; i < nalloc + 2; i++)
     if (ptrs[i] != NULL) assert_status(gpumem_free(ctx, ptrs[i], NULL), GPUMEM_OK);
   free(ptrs);
@@ -268,10 +290,10 @@ static void test_env_file(void **state) {
   assert_true(p.header && p.end);
   parsed want;
   memset(&want, 0, sizeof want);
-  push(&want, (ev){'a', 1, 1000, 77, 0});
-  push(&want, (ev){'a', 2, 2000, 0, 0});
-  push(&want, (ev){'f', 1, 0, 0, 0});
-  push(&want, (ev){'f', 2, 0, 0, 0});
+  push(&want, (ev){'a', 1, 1000, 77, 0, 0});
+  push(&want, (ev){'a', 2, 2000, 0, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0, 1}); /* freed on the default stream, allocated on 77 */
+  push(&want, (ev){'f', 2, 0, 0, 0, 0});
   assert_same_events(&p, &want);
   free(p.e);
   free(want.e);
@@ -424,14 +446,14 @@ static void test_reset_and_devices(void **state) {
   check_consistent(&p);
   parsed want;
   memset(&want, 0, sizeof want);
-  push(&want, (ev){'a', 1, 100, 0, 0});
-  push(&want, (ev){'a', 2, 200, 0, 1});
-  push(&want, (ev){'a', 3, 300, 0, 0});
-  push(&want, (ev){'f', 1, 0, 0, 0});
-  push(&want, (ev){'f', 3, 0, 0, 0});
-  push(&want, (ev){'a', 4, 400, 0, 0});
-  push(&want, (ev){'f', 4, 0, 0, 0});
-  push(&want, (ev){'f', 2, 0, 0, 0});
+  push(&want, (ev){'a', 1, 100, 0, 0, 0});
+  push(&want, (ev){'a', 2, 200, 0, 1, 0});
+  push(&want, (ev){'a', 3, 300, 0, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0, 0});
+  push(&want, (ev){'f', 3, 0, 0, 0, 0});
+  push(&want, (ev){'a', 4, 400, 0, 0, 0});
+  push(&want, (ev){'f', 4, 0, 0, 0, 0});
+  push(&want, (ev){'f', 2, 0, 0, 0, 0});
   assert_same_events(&p, &want);
   free(p.e);
   free(want.e);
@@ -440,7 +462,8 @@ static void test_reset_and_devices(void **state) {
 }
 
 /* gpumem-replay reads traces strictly: a line that is not a comment, an 'a ID SIZE STREAM
- * [DEVICE]' or an 'f ID' with decimal fields is refused, and a long comment is one comment. */
+ * [DEVICE]', an 'f ID [STREAM]' or an 'n ID STREAM' with decimal fields is refused, and a long
+ * comment is one comment. */
 #ifdef GPUMEM_REPLAY_BIN
 static int replay_rc(const char *path, const void *content, size_t n, char *out, size_t cap) {
   FILE *f = fopen(path, "wb");
@@ -464,7 +487,8 @@ static void test_replay_strict(void **state) {
   tmp_path(path, sizeof path, "strict");
   static const char *const bad[] = {
       "a 5\n", "a 1 100banana 0\n", "a 1 -5 0\n", "a 1 99999999999999999999999 0\n", "a1 5 0\n",
-      "f\n", "f 1x\n", "a 1 5 0 1 2\n", "x 1\n", "a 1 5 0 99999999999\n",
+      "f\n", "f 1x\n", "a 1 5 0 1 2\n", "x 1\n", "a 1 5 0 99999999999\n", "f 1 2 3\n", "f 1 x\n", "n 1\n",
+      "n 1 2 3\n", "n\n", "n 1 -2\n",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int rc = replay_rc(path, bad[i], strlen(bad[i]), out, sizeof out);
@@ -482,6 +506,97 @@ static void test_replay_strict(void **state) {
   n += (size_t)snprintf(longc + n, sizeof longc - n, " a 1 5 0\r\na 1 4096 0 1\r\nf 1\r\n");
   rc = replay_rc(path, longc, n, out, sizeof out);
   if (rc != 0 || strstr(out, "FAILED") != NULL) fail_msg("refused a long comment:\n%s", out);
+  unlink(path);
+#else
+  skip();
+#endif
+}
+
+/* gpumem_record_stream is recorded as 'n ID STREAM', a free on a stream other than the allocation's
+ * as 'f ID STREAM'; a record_stream that fails, or of a block allocated before the trace began,
+ * writes nothing. Replaying the file makes the same calls (the same lines again). */
+static void test_record_stream_lines(void **state) {
+  (void)state;
+  char path[512], path2[512];
+  tmp_path(path, sizeof path, "note");
+  tmp_path(path2, sizeof path2, "note2");
+  const uint64_t s1 = 0x1000, s2 = 0x2000, s3 = 0x3000;
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  void *early, *a, *b;
+  assert_status(gpumem_alloc(ctx, 0, 4096, (gpumem_stream)(uintptr_t)s1, &early), GPUMEM_OK);
+  assert_status(gpumem_trace_start(ctx, path), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, TU_MiB, (gpumem_stream)(uintptr_t)s1, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, (gpumem_stream)(uintptr_t)s1, &b), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, a, (gpumem_stream)(uintptr_t)s2), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, early, (gpumem_stream)(uintptr_t)s2), GPUMEM_OK); /* no line */
+  assert_status(gpumem_record_stream(ctx, (char *)a + 64, (gpumem_stream)(uintptr_t)s2),
+                GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_record_stream(ctx, NULL, (gpumem_stream)(uintptr_t)s2), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_free(ctx, a, (gpumem_stream)(uintptr_t)s1), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, a, (gpumem_stream)(uintptr_t)s2), GPUMEM_ERR_INVALID_POINTER);
+  assert_status(gpumem_free(ctx, b, (gpumem_stream)(uintptr_t)s3), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, early, (gpumem_stream)(uintptr_t)s1), GPUMEM_OK); /* no line */
+  assert_status(gpumem_trace_stop(ctx), GPUMEM_OK);
+  parsed p = parse(path);
+  check_consistent(&p);
+  parsed want;
+  memset(&want, 0, sizeof want);
+  push(&want, (ev){'a', 1, TU_MiB, s1, 0, 0});
+  push(&want, (ev){'a', 2, 2 * TU_MiB, s1, 0, 0});
+  push(&want, (ev){'n', 1, 0, s2, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0, 0});
+  push(&want, (ev){'f', 2, 0, s3, 0, 1});
+  assert_same_events(&p, &want);
+
+  gpumem_context *ctx2 = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx2, path2), GPUMEM_OK);
+  replay(ctx2, &p);
+  assert_status(gpumem_trace_stop(ctx2), GPUMEM_OK);
+  parsed again = parse(path2);
+  assert_same_events(&again, &p);
+  tu_ctx_done(ctx2);
+  tu_ctx_done(ctx);
+  free(again.e);
+  free(p.e);
+  free(want.e);
+  replay_bin_accepts(path);
+  unlink(path);
+  unlink(path2);
+}
+
+/* gpumem-replay makes the 'n' lines' calls: with the simulated device behind the host, a block noted
+ * on another stream is not reused by its own stream's next allocation (two blocks' worth held, and
+ * the stream-order floor says so too); without the note line it is (one block's worth). */
+static void test_replay_notes(void **state) {
+  (void)state;
+#ifdef GPUMEM_REPLAY_BIN
+  char path[512], out[8192], cmd[1400];
+  tmp_path(path, sizeof path, "replaynote");
+  static const char *const traces[2] = {
+      "a 1 67108864 1\nn 1 2\nf 1\na 2 67108864 1\nf 2\n", /* noted on stream 2 */
+      "a 1 67108864 1\nf 1\na 2 67108864 1\nf 2\n",         /* not noted */
+  };
+  double ratio[2] = {0, 0}, floor[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(traces[k], f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "GPUMEM_LOG=off '%s' --json --sim-behind 8 '%s' 2>&1", GPUMEM_REPLAY_BIN, path);
+    FILE *pf = popen(cmd, "r");
+    assert_non_null(pf);
+    size_t n = fread(out, 1, sizeof out - 1, pf);
+    out[n] = '\0';
+    assert_int_equal(pclose(pf), 0);
+    const char *r = strstr(out, "\"ratio\": "), *fl = strstr(out, "\"floor_ratio\": ");
+    if (r == NULL || fl == NULL) fail_msg("no ratio or floor in:\n%s", out);
+    ratio[k] = strtod(r + 9, NULL);
+    floor[k] = strtod(fl + 15, NULL);
+    if (k == 0 && strstr(out, "\"notes\": 1") == NULL) fail_msg("the note is not counted:\n%s", out);
+  }
+  if (!(ratio[0] > 1.9 && ratio[1] < 1.1 && floor[0] > 1.9 && floor[1] < 1.1))
+    fail_msg("noted: ratio %.3f floor %.3f; not noted: ratio %.3f floor %.3f", ratio[0], floor[0], ratio[1],
+             floor[1]);
   unlink(path);
 #else
   skip();
@@ -533,12 +648,12 @@ static void test_fork_child_exit(void **state) {
   check_consistent(&p);
   parsed want;
   memset(&want, 0, sizeof want);
-  push(&want, (ev){'a', 1, 1000, 0, 0});
-  push(&want, (ev){'a', 2, 2000, 0, 0});
-  push(&want, (ev){'f', 1, 0, 0, 0});
-  push(&want, (ev){'a', 3, 3000, 0, 0});
-  push(&want, (ev){'f', 2, 0, 0, 0});
-  push(&want, (ev){'f', 3, 0, 0, 0});
+  push(&want, (ev){'a', 1, 1000, 0, 0, 0});
+  push(&want, (ev){'a', 2, 2000, 0, 0, 0});
+  push(&want, (ev){'f', 1, 0, 0, 0, 0});
+  push(&want, (ev){'a', 3, 3000, 0, 0, 0});
+  push(&want, (ev){'f', 2, 0, 0, 0, 0});
+  push(&want, (ev){'f', 3, 0, 0, 0, 0});
   assert_same_events(&p, &want);
   free(p.e);
   free(want.e);
@@ -581,7 +696,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_round_trip), TU_TEST(test_env_file), TU_TEST(test_api_errors),
       TU_TEST(test_threads),    TU_TEST(test_reset_and_devices), TU_TEST(test_fork_child_exit),
-      TU_TEST(test_exit_flushes), TU_TEST(test_replay_strict),
+      TU_TEST(test_exit_flushes), TU_TEST(test_replay_strict), TU_TEST(test_record_stream_lines),
+      TU_TEST(test_replay_notes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,9 @@ typedef struct bench_allocator {
   void (*trim)(void *self);
   /** called once in each benchmark thread before timing; may be NULL */
   void (*thread_init)(void *self);
+  /** a trace's 'n ID STREAM' line: the live block is noted on `stream` (gpumem_record_stream), 0 on
+   * success; NULL: the allocator has no such call and reuses the block on its free's stream alone */
+  int (*note)(void *self, void *ptr, gpumem_stream stream);
 } bench_allocator;
 
 #ifdef GPUMEM_HAVE_CUDA

@@ -71,8 +71,8 @@ int bench_cuda_setup(int device, bench_allocator *cm, bench_allocator *ca, char 
     snprintf(err, errlen, "CUDA setup: %s", cudaGetErrorString(e));
     return -1;
   }
-  *cm = (bench_allocator){"cudaMalloc", NULL, cm_alloc, cm_free, dev_sync, dev_sync, set_dev};
-  *ca = (bench_allocator){"cudaMallocAsync", NULL, ca_alloc, ca_free, dev_sync, ca_trim, set_dev};
+  *cm = (bench_allocator){"cudaMalloc", NULL, cm_alloc, cm_free, dev_sync, dev_sync, set_dev, NULL};
+  *ca = (bench_allocator){"cudaMallocAsync", NULL, ca_alloc, ca_free, dev_sync, ca_trim, set_dev, NULL};
   return 0;
 }
 

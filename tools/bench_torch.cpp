@@ -69,6 +69,6 @@ extern "C" int bench_torch_setup(int device, bench_allocator *out, char *err, si
     std::snprintf(err, errlen, "PyTorch allocator: %s", e.what());
     return -1;
   }
-  *out = bench_allocator{"torch", nullptr, t_alloc, t_free, t_sync, t_trim, t_thread};
+  *out = bench_allocator{"torch", nullptr, t_alloc, t_free, t_sync, t_trim, t_thread, nullptr};
   return 0;
 }

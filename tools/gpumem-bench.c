@@ -54,6 +54,9 @@ static int lib_free(void *self, void *p, size_t size, gpumem_stream s) {
   (void)size;
   return gpumem_free(((lib_self *)self)->ctx, p, s) != GPUMEM_OK;
 }
+static int lib_note(void *self, void *p, gpumem_stream s) {
+  return gpumem_record_stream(((lib_self *)self)->ctx, p, s) != GPUMEM_OK;
+}
 static const char *g_backend_name = "sim";
 static void lib_sync(void *self) {
   (void)self;
@@ -239,9 +242,15 @@ static double run_trace(const bench_allocator *a) {
   uint64_t t0 = tools_now_ns();
   for (i = 0; i < n; i++) {
     const tools_event *e = &ev[i];
-    if (e->is_alloc) {
+    if (e->kind == TOOLS_EV_ALLOC) {
       if (e->size == 0) continue; /* not every allocator accepts size 0 */
       if (a->alloc(a->self, (size_t)e->size, g_trace_streams[e->stream], &g_trace_ptrs[e->slot])) {
+        failed = 1;
+        break;
+      }
+    } else if (e->kind == TOOLS_EV_NOTE) {
+      if (a->note != NULL && g_trace_ptrs[e->slot] &&
+          a->note(a->self, g_trace_ptrs[e->slot], g_trace_streams[e->stream])) {
         failed = 1;
         break;
       }
@@ -258,7 +267,7 @@ static double run_trace(const bench_allocator *a) {
   /* free what is still live (untimed) */
   for (size_t k = 0; k < n; k++) {
     const tools_event *e = &ev[k];
-    if (e->is_alloc && g_trace_ptrs[e->slot]) {
+    if (e->kind == TOOLS_EV_ALLOC && g_trace_ptrs[e->slot]) {
       a->free(a->self, g_trace_ptrs[e->slot], 0, g_trace_streams[e->stream]);
       g_trace_ptrs[e->slot] = NULL;
     }
@@ -388,13 +397,13 @@ int main(int argc, char **argv) {
   g_backend_name = gpumem_backend_name(lib.ctx);
   int is_sim = !strcmp(g_backend_name, "sim");
   if (wanted(&o, "libgpumem"))
-    g_alloc[g_nalloc++] = (bench_allocator){"libgpumem", &lib, lib_alloc, lib_free, lib_sync, lib_trim, NULL};
+    g_alloc[g_nalloc++] = (bench_allocator){"libgpumem", &lib, lib_alloc, lib_free, lib_sync, lib_trim, NULL, lib_note};
   if (is_sim && wanted(&o, "sim-raw")) {
     const gpumem_backend *be = gpumem_builtin_backend("sim");
     if (be) {
       /* the sim state is process-wide and already set up by the context above */
       g_sim_be = *be;
-      g_alloc[g_nalloc++] = (bench_allocator){"sim-raw", NULL, raw_alloc, raw_free, NULL, NULL, NULL};
+      g_alloc[g_nalloc++] = (bench_allocator){"sim-raw", NULL, raw_alloc, raw_free, NULL, NULL, NULL, NULL};
     }
   }
   char err[256] = "";

@@ -206,7 +206,8 @@ static void usage(FILE *f) {
           "  --json           JSON output instead of the table\n"
           "  --json-out FILE  the table, and JSON into FILE\n"
           "  --no-vm-count    do not wrap the backend to count its virtual-memory calls\n"
-          "Traces: gzip text, 'a ID SIZE STREAM' / 'f ID' lines (reader: %s).\n"
+          "Traces: gzip text, 'a ID SIZE STREAM [DEVICE]' / 'f ID [STREAM]' / 'n ID STREAM' (record_stream)\n"
+          "lines (reader: %s).\n"
           "On sim, GPUMEM_SIM_DEVICES defaults to 1x141GiB here.\n",
           tools_trace_reader());
 }
@@ -270,6 +271,17 @@ static uint64_t sim_done_at(const sim_model *m, size_t i) {
   return (uint64_t)i + 1;
 }
 
+/* One event: an allocation into ptrs[slot], a free of it (the slot then NULL), or a note of it on a
+ * stream (gpumem_record_stream). */
+static gpumem_status replay_event(gpumem_context *ctx, int dev, const tools_event *e, void **ptrs,
+                                  gpumem_stream *streams) {
+  if (e->kind == TOOLS_EV_ALLOC) return gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
+  if (e->kind == TOOLS_EV_NOTE) return gpumem_record_stream(ctx, ptrs[e->slot], streams[e->stream]);
+  gpumem_status st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
+  if (st == GPUMEM_OK) ptrs[e->slot] = NULL;
+  return st;
+}
+
 /* The events in order: each allocation into ptrs[slot], each free of it (its slot then NULL), the
  * simulated device behind the host as m says. Stops at the first failure: *at is its event (n when
  * none failed). */
@@ -280,12 +292,7 @@ static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_eve
   for (i = 0; i < n; i++) {
     const tools_event *e = &ev[i];
     sim_before(m);
-    if (e->is_alloc) {
-      st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
-    } else {
-      st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
-      if (st == GPUMEM_OK) ptrs[e->slot] = NULL;
-    }
+    st = replay_event(ctx, dev, e, ptrs, streams);
     if (st != GPUMEM_OK) break;
     sim_after(m, i);
   }
@@ -298,7 +305,8 @@ static gpumem_status replay_events(gpumem_context *ctx, int dev, const tools_eve
  * to block boundaries, alignment or placement would reach. Memory is taken as freely divisible: a
  * free on stream S may serve S's next allocations at once, any stream's once the device completed
  * the work queued before the free (sim_done_at: --sim-lag at the end of the free's window of `lag`
- * events, --sim-behind `behind` events later), and the floor grows only by what an
+ * events, --sim-behind `behind` events later; a block noted on streams by an 'n' line serves its own
+ * stream only then too, as gpumem_record_stream asks), and the floor grows only by what an
  * allocation finds in neither. A stream takes its own newest frees first (their work completes
  * last). Sizes are the requested ones, as in peak_live, over one pass from an empty pool. Without a
  * lag every free completes at once and the floor is peak_live. Returns 0 when out of host memory. */
@@ -313,10 +321,12 @@ static uint64_t stream_order_floor(const tools_trace *t, const sim_model *m) {
   floor_free *q = malloc((n ? n : 1) * sizeof *q);    /* frees in event order: avail never decreases */
   uint32_t *top = malloc((t->num_streams + 1) * sizeof *top); /* each stream's newest entry */
   uint64_t *size = calloc(t->num_allocs + 1, sizeof *size);
-  if (!q || !top || !size) {
+  uint8_t *noted = calloc(t->num_allocs + 1, 1); /* noted on a stream (gpumem_record_stream) */
+  if (!q || !top || !size || !noted) {
     free(q);
     free(top);
     free(size);
+    free(noted);
     return 0;
   }
   for (size_t k = 0; k <= t->num_streams; k++) top[k] = UINT32_MAX;
@@ -328,8 +338,11 @@ static uint64_t stream_order_floor(const tools_trace *t, const sim_model *m) {
       ready += q[head].bytes;
       q[head].bytes = 0;
     }
-    if (e->is_alloc) {
+    if (e->kind == TOOLS_EV_NOTE) {
+      noted[e->slot] = 1;
+    } else if (e->kind == TOOLS_EV_ALLOC) {
       uint64_t need = e->size;
+      noted[e->slot] = 0;
       size[e->slot] = e->size;
       uint32_t *tp = &top[e->stream];
       while (need > 0 && *tp != UINT32_MAX) {
@@ -348,14 +361,18 @@ static uint64_t stream_order_floor(const tools_trace *t, const sim_model *m) {
       if (b == 0) continue;
       q[nq].avail = sim_done_at(m, i);
       q[nq].bytes = b;
-      q[nq].below = top[e->stream];
-      top[e->stream] = (uint32_t)nq;
+      q[nq].below = UINT32_MAX;
+      if (!noted[e->slot]) { /* a block noted on other streams waits for them, even for its own stream */
+        q[nq].below = top[e->stream];
+        top[e->stream] = (uint32_t)nq;
+      }
       nq++;
     }
   }
   free(q);
   free(top);
   free(size);
+  free(noted);
   return floor;
 }
 
@@ -393,7 +410,7 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
     st = replay_events(ctx, dev, ev, n, ptrs, streams, &m, &i);
     for (i = 0; i < n; i++) {
       const tools_event *e = &ev[i];
-      if (e->is_alloc && ptrs[e->slot] != NULL) {
+      if (e->kind == TOOLS_EV_ALLOC && ptrs[e->slot] != NULL) {
         if (st == GPUMEM_OK) st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
         ptrs[e->slot] = NULL;
       }
@@ -412,18 +429,13 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
     for (i = 0; i < n; i++) {
       const tools_event *e = &ev[i];
       sim_before(&m);
-      if (e->is_alloc) {
-        st = gpumem_alloc(ctx, dev, (size_t)e->size, streams[e->stream], &ptrs[e->slot]);
-        if (st != GPUMEM_OK) break;
-        if (o->sample_every || wrapped == NULL || g_grows != grows_seen) {
-          grows_seen = g_grows;
-          uint64_t u = used_now(ctx, bname, dev, base, &used_ok);
-          samples++;
-          if (u > used_peak) used_peak = u;
-        }
-      } else {
-        st = gpumem_free(ctx, ptrs[e->slot], streams[e->stream]);
-        if (st != GPUMEM_OK) break;
+      st = replay_event(ctx, dev, e, ptrs, streams);
+      if (st != GPUMEM_OK) break;
+      if (e->kind == TOOLS_EV_ALLOC && (o->sample_every || wrapped == NULL || g_grows != grows_seen)) {
+        grows_seen = g_grows;
+        uint64_t u = used_now(ctx, bname, dev, base, &used_ok);
+        samples++;
+        if (u > used_peak) used_peak = u;
       }
       sim_after(&m, i);
     }
@@ -436,7 +448,8 @@ static int replay_once(const options *o, const tools_trace *t, void **ptrs, gpum
   uint64_t t1 = tools_now_ns();
   int rc = 0;
   if (st != GPUMEM_OK) {
-    snprintf(r->error, sizeof r->error, "event %zu (%s of %llu bytes): %s", i, ev[i].is_alloc ? "alloc" : "free",
+    static const char *const kinds[] = {"free", "alloc", "record_stream"};
+    snprintf(r->error, sizeof r->error, "event %zu (%s of %llu bytes): %s", i, kinds[ev[i].kind],
              (unsigned long long)ev[i].size, gpumem_status_name(st));
     rc = -1;
   }
@@ -629,10 +642,10 @@ int main(int argc, char **argv) {
       if (loaded) {
         fprintf(jf, ", \"workload\": ");
         tools_json_string(jf, t.workload);
-        fprintf(jf, ", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, \"unmatched_frees\": %zu, \"streams\": %zu"
-               ", \"peak_live_bytes\": %llu",
-               t.num_events, t.num_allocs, t.num_frees, t.num_unmatched_frees, t.num_streams,
-               (unsigned long long)t.peak_live);
+        fprintf(jf, ", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, \"unmatched_frees\": %zu, \"notes\": %zu"
+               ", \"unmatched_notes\": %zu, \"streams\": %zu, \"peak_live_bytes\": %llu",
+               t.num_events, t.num_allocs, t.num_frees, t.num_unmatched_frees, t.num_notes, t.num_unmatched_notes,
+               t.num_streams, (unsigned long long)t.peak_live);
         if (t.pytorch_max_reserved)
           fprintf(jf, ", \"pytorch_max_reserved\": %llu", (unsigned long long)t.pytorch_max_reserved);
       }
@@ -687,6 +700,9 @@ int main(int argc, char **argv) {
                (double)r.reserved_peak / (double)r.floor);
       if (r.streams_null) printf("  note: %zu streams replayed on the default stream (no stream support for this backend in the tools)\n", t.num_streams);
       if (t.num_unmatched_frees) printf("  note: %zu frees of unknown IDs skipped\n", t.num_unmatched_frees);
+      if (t.num_notes) printf("  %zu record_stream notes replayed\n", t.num_notes);
+      if (t.num_unmatched_notes)
+        printf("  note: %zu record_stream notes of unknown or freed IDs skipped\n", t.num_unmatched_notes);
     } else {
       printf("%-22s FAILED: %s\n", base_name(argv[i]), r.error);
     }

@@ -294,6 +294,21 @@ static uint64_t header_number(const char *line, const char *key) {
   return strtoull(p + strlen(key), NULL, 10);
 }
 
+/* The dense index of stream value sv in streams (appended when new): 0, 1 when there are more than
+ * UINT16_MAX + 1 streams, -1 out of host memory. */
+static int stream_index(growbuf *streams, uint64_t sv, size_t *out) {
+  size_t si;
+  for (si = 0; si < streams->n; si++)
+    if (((uint64_t *)streams->p)[si] == sv) break;
+  if (si == streams->n) {
+    uint64_t *np = growbuf_push(streams);
+    if (!np) return -1;
+    *np = sv;
+  }
+  *out = si;
+  return si > UINT16_MAX ? 1 : 0;
+}
+
 int tools_trace_load(const char *path, tools_trace *out, char *err, size_t errlen) {
   tools_trace t;
   memset(&t, 0, sizeof t);
@@ -350,14 +365,9 @@ int tools_trace_load(const char *path, tools_trace *out, char *err, size_t errle
         goto done;
       }
       size_t si;
-      for (si = 0; si < streams.n; si++)
-        if (((uint64_t *)streams.p)[si] == sv) break;
-      if (si == streams.n) {
-        uint64_t *np = growbuf_push(&streams);
-        if (!np) goto oom;
-        *np = sv;
-      }
-      if (si > UINT16_MAX) {
+      int sr = stream_index(&streams, sv, &si);
+      if (sr < 0) goto oom;
+      if (sr > 0) {
         seterr(err, errlen, "%s: too many streams", path);
         goto done;
       }
@@ -371,29 +381,54 @@ int tools_trace_load(const char *path, tools_trace *out, char *err, size_t errle
       x->size = size;
       x->slot = (uint32_t)(slot_size.n - 1);
       x->stream = (uint16_t)si;
-      x->is_alloc = 1;
+      x->kind = TOOLS_EV_ALLOC;
       live += size;
       if (live > t.peak_live) t.peak_live = live;
       t.num_allocs++;
-    } else if (kind == 'f') {
-      uint64_t id;
-      if (field_u64(&e, &id) != 0 || !at_end(e)) {
-        seterr(err, errlen, "%s:%zu: bad free line (expected 'f ID')", path, lineno);
+    } else if (kind == 'f' || kind == 'n') {
+      /* 'f ID [STREAM]' (STREAM: the free's, when not the allocation's), 'n ID STREAM' */
+      uint64_t id, sv = 0;
+      int has_stream = 0, bad = field_u64(&e, &id) != 0;
+      if (!bad && !at_end(e)) {
+        bad = field_u64(&e, &sv) != 0;
+        has_stream = 1;
+      }
+      if (!bad && !at_end(e)) bad = 1;
+      if (kind == 'n' && !has_stream) bad = 1;
+      if (bad) {
+        seterr(err, errlen, kind == 'f' ? "%s:%zu: bad free line (expected 'f ID [STREAM]')"
+                                        : "%s:%zu: bad note line (expected 'n ID STREAM')",
+               path, lineno);
         goto done;
       }
       uint32_t *cell = idmap_cell(&ids, id, 0);
       if (!cell || *cell == 0 || *cell == UINT32_MAX) {
-        t.num_unmatched_frees++;
+        if (kind == 'f') t.num_unmatched_frees++;
+        else t.num_unmatched_notes++;
         continue;
       }
       uint32_t slot = *cell - 1;
-      *cell = UINT32_MAX; /* freed: a second free is unmatched */
+      size_t si = ((uint16_t *)slot_stream.p)[slot];
+      if (has_stream) {
+        int sr = stream_index(&streams, sv, &si);
+        if (sr < 0) goto oom;
+        if (sr > 0) {
+          seterr(err, errlen, "%s: too many streams", path);
+          goto done;
+        }
+      }
       tools_event *x = growbuf_push(&ev);
       if (!x) goto oom;
       x->size = 0;
       x->slot = slot;
-      x->stream = ((uint16_t *)slot_stream.p)[slot];
-      x->is_alloc = 0;
+      x->stream = (uint16_t)si;
+      if (kind == 'n') {
+        x->kind = TOOLS_EV_NOTE;
+        t.num_notes++;
+        continue;
+      }
+      *cell = UINT32_MAX; /* freed: a second free is unmatched */
+      x->kind = TOOLS_EV_FREE;
       live -= ((uint64_t *)slot_size.p)[slot];
       t.num_frees++;
     } else {

@@ -55,11 +55,17 @@ tools_rand_op *tools_random_ops(size_t nops);
 /* ---- traces ------------------------------------------------------------ */
 
 /** One event of a trace, resolved at load time so that replay does no parsing or hashing. */
+enum {
+  TOOLS_EV_FREE = 0,  /**< 'f ID [STREAM]': free slot on stream (the allocation's unless the line names one) */
+  TOOLS_EV_ALLOC = 1, /**< 'a ID SIZE STREAM [DEVICE]' */
+  TOOLS_EV_NOTE = 2   /**< 'n ID STREAM': gpumem_record_stream of the live slot on stream */
+};
+
 typedef struct tools_event {
-  uint64_t size;   /**< requested bytes (alloc); 0 for free */
+  uint64_t size;   /**< requested bytes (alloc); 0 otherwise */
   uint32_t slot;   /**< dense index of the allocation (0 .. allocs-1) */
   uint16_t stream; /**< dense stream index (0 = the trace's stream value 0 = default stream, if present) */
-  uint8_t is_alloc;/**< 1 alloc, 0 free */
+  uint8_t kind;    /**< TOOLS_EV_* */
 } tools_event;
 
 /** A loaded trace. */
@@ -71,6 +77,8 @@ typedef struct tools_trace {
   size_t num_allocs;           /**< allocation events (= slots) */
   size_t num_frees;
   size_t num_unmatched_frees;  /**< frees of unknown IDs (skipped) */
+  size_t num_notes;            /**< 'n' events (gpumem_record_stream of a live block) */
+  size_t num_unmatched_notes;  /**< notes of unknown or freed IDs (skipped) */
   uint64_t peak_live;          /**< largest sum of live requested sizes */
   uint64_t *stream_values;     /**< STREAM value of each dense stream index */
   size_t num_streams;

@@ -134,8 +134,9 @@ def parse_size(text: Union[str, int]) -> int:
 
 def read_trace(path: str) -> Iterator[Tuple]:
     """The events of a trace file (plain or gzip): ``("a", id, size, stream, device)``,
-    ``("f", id)``, ``("reset", device)``. Comments are skipped; a malformed line raises
-    ValueError naming the file and line."""
+    ``("f", id, stream)`` (stream: the free's when the line names one, else None: the
+    allocation's), ``("n", id, stream)`` (``gpumem_record_stream``), ``("reset", device)``.
+    Comments are skipped; a malformed line raises ValueError naming the file and line."""
     opener = gzip.open if _is_gzip(path) else open
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:  # type: ignore[operator]
         for lineno, line in enumerate(f, 1):
@@ -151,13 +152,16 @@ def read_trace(path: str) -> Iterator[Tuple]:
                 if parts[0] == "a" and len(parts) in (4, 5):
                     yield ("a", int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]) if len(parts) == 5 else 0)
                     continue
-                if parts[0] == "f" and len(parts) == 2:
-                    yield ("f", int(parts[1]))
+                if parts[0] == "f" and len(parts) in (2, 3):
+                    yield ("f", int(parts[1]), int(parts[2]) if len(parts) == 3 else None)
+                    continue
+                if parts[0] == "n" and len(parts) == 3:
+                    yield ("n", int(parts[1]), int(parts[2]))
                     continue
             except ValueError:
                 pass
-            raise ValueError("%s:%d: not a trace line: %r ('a ID SIZE STREAM [DEVICE]' or 'f ID')"
-                             % (path, lineno, line.rstrip()[:80]))
+            raise ValueError("%s:%d: not a trace line: %r ('a ID SIZE STREAM [DEVICE]', 'f ID [STREAM]' or "
+                             "'n ID STREAM')" % (path, lineno, line.rstrip()[:80]))
 
 
 def _is_gzip(path: str) -> bool:
@@ -351,6 +355,8 @@ def replay(
                 if got is None:
                     continue  # allocated before the trace began, or failed
                 ptr, size, stream, dev = got
+                if ev[2] is not None:
+                    stream = ev[2]  # freed on a stream other than the allocation's
                 lib.gpumem_free(h, c_void_p(ptr), c_void_p(stream if (on_sim and stream) else None))
                 live_bytes[dev] -= size
                 if snapshot:
@@ -361,6 +367,10 @@ def replay(
                              "frames": []})
                 segment_events()
                 sample(i, dev)
+            elif kind == "n":
+                got = live_ptr.get(ev[1])
+                if got is not None and on_sim:
+                    lib.gpumem_record_stream(h, c_void_p(got[0]), c_void_p(ev[2] or None))
             elif kind == "reset":
                 # the trace's own record of a gpumem_reset: its blocks were freed by "f" lines after it
                 continue

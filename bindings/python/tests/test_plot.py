@@ -56,12 +56,19 @@ def sim_only():
 def test_read_trace(small, tmp_path):
     ev = list(gplot.read_trace(small))
     assert ev[0] == ("a", 1, 1000000, 0, 0)
-    assert ("a", 6, 2000000, 0, 1) in ev and ("f", 99) in ev
+    assert ("a", 6, 2000000, 0, 1) in ev and ("f", 99, None) in ev
     assert len(ev) == 13
     bad = tmp_path / "bad.txt"
-    bad.write_text("a 1 100 0\nx 2\n")
-    with pytest.raises(ValueError, match=r"bad.txt:2: not a trace line"):
-        list(gplot.read_trace(str(bad)))
+    for line in ("x 2", "n 1", "n 1 2 3", "f 1 2 3", "f 1 x"):
+        bad.write_text("a 1 100 0\n%s\n" % line)
+        with pytest.raises(ValueError, match=r"bad.txt:2: not a trace line"):
+            list(gplot.read_trace(str(bad)))
+    # gpumem_record_stream ('n ID STREAM') and a free on another stream than the allocation's
+    noted = tmp_path / "noted.txt"
+    noted.write_text("a 1 4194304 5\nn 1 7\nf 1 9\na 2 100 5\nf 2\n")
+    assert list(gplot.read_trace(str(noted))) == [("a", 1, 4194304, 5, 0), ("n", 1, 7), ("f", 1, 9),
+                                                  ("a", 2, 100, 5, 0), ("f", 2, None)]
+
     assert gplot.parse_size("3GiB") == 3 << 30 and gplot.parse_size("512M") == 512 << 20
     with pytest.raises(ValueError):
         gplot.parse_size("lots")
@@ -208,3 +215,11 @@ def test_command_line(small, tmp_path):
     with pytest.raises(SystemExit):
         gplot.main([small, "--snapshot", str(snap), "--limit", "lots"])
     assert gplot.main([str(tmp_path / "missing.txt"), "--snapshot", str(snap)]) == 1
+
+
+def test_replay_of_record_stream_lines(tmp_path):
+    sim_only()
+    noted = tmp_path / "noted.txt"
+    noted.write_text("a 1 4194304 5\nn 1 7\nf 1 9\na 2 100 5\nf 2\n")
+    tl = gplot.replay(str(noted), snapshot=False)
+    assert tl.peaks()[0]["live"] == 4194304 and tl.samples[-1].live == 0
