@@ -249,6 +249,92 @@ static void test_concurrent_notes(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* p of n bytes allocated on A, used on C too (so the pool has seen two streams), noted on B and
+ * freed on A, with A's and B's work pending. Returns the context; *p_out is p. */
+static gpumem_context *noted_and_freed(int expandable, size_t n, void **p_out) {
+  gpumem_context *ctx = ctx_mode(expandable);
+  gpumem_sim_set_delayed(1);
+  void *p, *c;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 4096, SC, &c), GPUMEM_OK); /* a second stream of the pool */
+  assert_status(gpumem_free(ctx, c, SC), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  *p_out = p;
+  return ctx;
+}
+
+/* Once B's work and A's (up to the free) have completed, the block is every stream's: C gets its
+ * memory without a call on A and without a device synchronisation, and the pool does not grow.
+ * (Freed on A as any block was, it served only A until A's next call gave it an event: a loading
+ * stream's batch, noted on the main stream, sat there through the main stream's next step.) */
+static void test_noted_block_ready_for_every_stream(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  for (int expandable = 0; expandable < 2; expandable++) {
+    const size_t n = 16 * 1024 * 1024;
+    void *p, *q;
+    gpumem_context *ctx = noted_and_freed(expandable, n, &p);
+    /* B pending: C never gets p */
+    gpumem_sim_stream_complete(0, SA);
+    uint64_t s0 = syncs();
+    assert_status(gpumem_alloc(ctx, 0, n, SC, &q), GPUMEM_OK); /* (kept live: C's own free block would be taken first) */
+    assert_true(syncs() != s0 || !overlaps(p, n, q, n));
+    /* B done too: C gets p's memory, nothing new is reserved */
+    gpumem_sim_complete_all();
+    gpumem_stats before = tu_stats(ctx, 0);
+    s0 = syncs();
+    void *big;
+    assert_status(gpumem_alloc(ctx, 0, n, SC, &big), GPUMEM_OK);
+    gpumem_stats after = tu_stats(ctx, 0);
+    assert_true(syncs() == s0);
+    assert_true(overlaps(p, n, big, n));
+    assert_int_equal(after.reserved_bytes, before.reserved_bytes);
+    assert_status(gpumem_free(ctx, big, SC), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, q, SC), GPUMEM_OK);
+    gpumem_sim_complete_all();
+    tu_ctx_done(ctx);
+  }
+}
+
+/* The freeing stream's event could not be recorded (the fourth event call of the free: B's
+ * create and record, then A's): the block still waits for B, no device synchronisation, and then
+ * serves A as a block freed on A does; the other streams get it after A's next call. */
+static void test_noted_block_own_event_fails(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  const size_t n = 16 * 1024 * 1024;
+  gpumem_context *ctx = ctx_mode(1);
+  gpumem_sim_set_delayed(1);
+  void *p, *c, *q[3];
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 4096, SC, &c), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, SC), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  uint64_t s0 = syncs(), e0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_EVENT);
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 4, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  gpumem_sim_fail_clear();
+  assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_EVENT) - e0 == 4); /* the fourth was the one refused */
+  assert_true(syncs() == s0);
+  /* B pending: neither A nor C gets p (their blocks kept live: a stream takes its own free ones first) */
+  gpumem_sim_stream_complete(0, SA);
+  gpumem_sim_stream_complete(0, SC);
+  for (int i = 0; i < 2; i++) {
+    assert_status(gpumem_alloc(ctx, 0, n, i ? SC : SA, &q[i]), GPUMEM_OK);
+    assert_true(syncs() != s0 || !overlaps(p, n, q[i], n));
+  }
+  /* B done: A reuses p at once */
+  gpumem_sim_complete_all();
+  s0 = syncs();
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &q[2]), GPUMEM_OK);
+  assert_true(syncs() == s0 && overlaps(p, n, q[2], n));
+  for (int i = 0; i < 3; i++) assert_status(gpumem_free(ctx, q[i], i == 1 ? SC : SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_thread_cache_size, tu_setup, tu_teardown),
@@ -259,6 +345,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_event_failure_waits, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_notes, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_noted_block_ready_for_every_stream, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_noted_block_own_event_fails, tu_setup, tu_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
