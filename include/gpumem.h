@@ -349,8 +349,11 @@ GPUMEM_API gpumem_status gpumem_alloc_tagged(gpumem_context *ctx, int device, si
  * When the block is later freed, it serves no allocation, on any stream (the
  * freeing stream included), before the work queued on every noted stream up to
  * the free has completed: an event is recorded on each noted stream at the
- * free. Noting the block's own allocation stream, or a stream noted before,
- * changes nothing. The noted streams must stay valid until the block is freed.
+ * free, and one on the freeing stream. Once the noted streams' events have
+ * completed, the block serves the freeing stream; once the freeing stream's
+ * has too, every stream. Noting the block's own allocation stream, or a stream
+ * noted before, changes nothing. The noted streams must stay valid until the
+ * block is freed.
  * \param ctx    context.
  * \param ptr    a live block of this context (the pointer gpumem_alloc() returned).
  * \param stream a stream of the block's device (NULL = default stream).
