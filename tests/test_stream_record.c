@@ -249,18 +249,17 @@ static void test_concurrent_notes(void **state) {
   tu_ctx_done(ctx);
 }
 
-/* p of n bytes allocated on A, used on C too (so the pool has seen two streams), noted on B and
- * freed on A, with A's and B's work pending. Returns the context; *p_out is p. */
-static gpumem_context *noted_and_freed(int expandable, size_t n, void **p_out) {
+/* A pool that has seen streams A and C (the sim's work delayed), and p of n bytes allocated on A
+ * and noted on B. Returns the context; *p_out is p. */
+static gpumem_context *noted_on_b(int expandable, size_t n, void **p_out) {
   gpumem_context *ctx = ctx_mode(expandable);
   gpumem_sim_set_delayed(1);
-  void *p, *c;
-  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  void *c;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, p_out), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, 4096, SC, &c), GPUMEM_OK); /* a second stream of the pool */
   assert_status(gpumem_free(ctx, c, SC), GPUMEM_OK);
-  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
-  *p_out = p;
+  gpumem_sim_complete_all();
+  assert_status(gpumem_record_stream(ctx, *p_out, SB), GPUMEM_OK);
   return ctx;
 }
 
@@ -274,7 +273,8 @@ static void test_noted_block_ready_for_every_stream(void **state) {
   for (int expandable = 0; expandable < 2; expandable++) {
     const size_t n = 16 * 1024 * 1024;
     void *p, *q;
-    gpumem_context *ctx = noted_and_freed(expandable, n, &p);
+    gpumem_context *ctx = noted_on_b(expandable, n, &p);
+    assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK); /* A's and B's work pending */
     /* B pending: C never gets p */
     gpumem_sim_stream_complete(0, SA);
     uint64_t s0 = syncs();
@@ -304,14 +304,8 @@ static void test_noted_block_own_event_fails(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   const size_t n = 16 * 1024 * 1024;
-  gpumem_context *ctx = ctx_mode(1);
-  gpumem_sim_set_delayed(1);
-  void *p, *c, *q[3];
-  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
-  assert_status(gpumem_alloc(ctx, 0, 4096, SC, &c), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, c, SC), GPUMEM_OK);
-  gpumem_sim_complete_all();
-  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  void *p, *q[3];
+  gpumem_context *ctx = noted_on_b(1, n, &p);
   uint64_t s0 = syncs(), e0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_EVENT);
   assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 4, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
   assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);

@@ -210,6 +210,19 @@ static void replay(gpumem_context *ctx, const parsed *p) {
   free(ptrs);
 }
 
+/* Replays p in a new context that records the replay into path2: the same events. Returns the
+ * context (its trace stopped). */
+static gpumem_context *rerecord(const parsed *p, const char *path2) {
+  gpumem_context *ctx2 = tu_ctx_new(NULL);
+  assert_status(gpumem_trace_start(ctx2, path2), GPUMEM_OK);
+  replay(ctx2, p);
+  assert_status(gpumem_trace_stop(ctx2), GPUMEM_OK);
+  parsed again = parse(path2);
+  assert_same_events(&again, p);
+  free(again.e);
+  return ctx2;
+}
+
 /* gpumem-replay reads the trace (plain text) and replays it. */
 static void replay_bin_accepts(const char *path) {
 #ifdef GPUMEM_REPLAY_BIN
@@ -251,18 +264,12 @@ static void test_round_trip(void **state) {
   assert_same_events(&got, &want);
 
   /* replay it with the library, recording the replay: the same events */
-  gpumem_context *ctx2 = tu_ctx_new(NULL);
-  assert_status(gpumem_trace_start(ctx2, path2), GPUMEM_OK);
-  replay(ctx2, &got);
-  assert_status(gpumem_trace_stop(ctx2), GPUMEM_OK);
-  parsed again = parse(path2);
-  assert_same_events(&again, &got);
+  gpumem_context *ctx2 = rerecord(&got, path2);
   gpumem_stats s1 = tu_stats(ctx, 0), s2 = tu_stats(ctx2, 0);
   assert_true(s1.num_allocs == s2.num_allocs && s1.num_frees == s2.num_frees);
   assert_true(s1.allocated_peak == s2.allocated_peak && s1.reserved_peak == s2.reserved_peak);
   tu_ctx_done(ctx2);
   tu_ctx_done(ctx);
-  free(again.e);
   free(got.e);
   free(want.e);
 
@@ -548,15 +555,8 @@ static void test_record_stream_lines(void **state) {
   push(&want, (ev){'f', 2, 0, s3, 0, 1});
   assert_same_events(&p, &want);
 
-  gpumem_context *ctx2 = tu_ctx_new(NULL);
-  assert_status(gpumem_trace_start(ctx2, path2), GPUMEM_OK);
-  replay(ctx2, &p);
-  assert_status(gpumem_trace_stop(ctx2), GPUMEM_OK);
-  parsed again = parse(path2);
-  assert_same_events(&again, &p);
-  tu_ctx_done(ctx2);
+  tu_ctx_done(rerecord(&p, path2));
   tu_ctx_done(ctx);
-  free(again.e);
   free(p.e);
   free(want.e);
   replay_bin_accepts(path);
