@@ -12,7 +12,9 @@
  *                   untimed pass per allocator first)
  *   threads T       T = 1, 4, 16 threads doing 64 KiB pairs, each on a stream of
  *                   its own (aggregate ns per pair = wall / total pairs)
- *   trace           replay of a trace (ns per event), streams as in gpumem-replay
+ *   trace           replay of a trace (ns per event), streams as in gpumem-replay; a trace's
+ *                   record_stream lines ('n ID STREAM') are libgpumem's gpumem_record_stream
+ *                   calls, which the other allocators' columns skip (they free at the free)
  *
  * Allocators: "libgpumem" always; on sim also "sim-raw" (the sim backend's
  * malloc/free vtable calls, i.e. what libgpumem saves you from); on cuda
