@@ -355,7 +355,7 @@ def replay(
                 if got is None:
                     continue  # allocated before the trace began, or failed
                 ptr, size, stream, dev = got
-                if ev[2] is not None:
+                if len(ev) > 2 and ev[2] is not None:
                     stream = ev[2]  # freed on a stream other than the allocation's
                 lib.gpumem_free(h, c_void_p(ptr), c_void_p(stream if (on_sim and stream) else None))
                 live_bytes[dev] -= size

@@ -223,3 +223,6 @@ def test_replay_of_record_stream_lines(tmp_path):
     noted.write_text("a 1 4194304 5\nn 1 7\nf 1 9\na 2 100 5\nf 2\n")
     tl = gplot.replay(str(noted), snapshot=False)
     assert tl.peaks()[0]["live"] == 4194304 and tl.samples[-1].live == 0
+    # events given as a list, frees in the older two-field form
+    tl = gplot.replay([("a", 1, 4096, 0, 0), ("f", 1)], snapshot=False)
+    assert tl.peaks()[0]["live"] == 4096 and tl.samples[-1].live == 0
