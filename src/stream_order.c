@@ -595,14 +595,16 @@ void gpumem__sync_all(gpumem__pool *p) {
  * streams' work is done. One more event is recorded on the freeing stream (the
  * stream of this call): once it has completed too, no stream's work on the
  * block is left and it goes to READY, where every stream may take it at once.
- * Without it (no event could be had) the block is freed on the freeing stream
- * as any block is (gpumem__free_place): it serves that stream, and the others
- * only after the freeing stream's next call gives it an event. A data-loading
- * stream's input batch, noted on the main stream and freed on the loading
- * stream, sat there through the main stream's next step: 36.8 MiB above the
- * live peak on the H200 (loader 1.065-1.073 live and replayed). Noting bumps the block's state by 2 (it stays
- * live): a thread cache that remembers the block then misses it, so the free
- * takes the full path, which sees the notes (tcache.c never keeps such a block).
+ * Without it (no event could be had), or while it is still pending, the block
+ * is freed on the freeing stream as any block is (gpumem__free_place): it
+ * serves that stream, and the others only after the freeing stream's next call
+ * gives it an event, which for a data-loading stream's input batch (noted on
+ * the main stream, freed on the loading stream) is the next step: the main
+ * stream grew by the batch meanwhile (loader 1.065 of the live peak replayed
+ * and live on the H200, 1.032 with the event). Noting bumps the block's state
+ * by 2 (it stays live): a thread cache that remembers the block then misses
+ * it, so the free takes the full path, which sees the notes (tcache.c never
+ * keeps such a block).
  * The noted streams must be valid until the free: the free is the one call
  * that names them to the backend (documented with gpumem_record_stream).
  */
