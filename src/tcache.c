@@ -552,12 +552,13 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
      * request above the limit or the device: the same refusal again, counted and logged twice. */
     if (gpumem__tc_flush(ctx, p, 0) > 0) st = gpumem__pool_alloc(p, size, stream, tag, out, NULL);
   }
-  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL) {
+  if (acct != NULL && st == GPUMEM_OK && acct->last != NULL && (size <= GPUMEM__TC_MAX_SIZE || fresh)) {
     /* remember the block, so that this thread's free of it claims it without the index; not when a
      * flush came between (a reset may have dropped it), nor when the cache was rekeyed. large_ok is
-     * read under the cache lock: another thread's flush clears it under that lock (tc_detach). */
+     * read under the cache lock: another thread's flush clears it under that lock (tc_detach). A
+     * large size not asked for last time takes no lock here. */
     gpumem__tc_lock(c);
-    if (size <= GPUMEM__TC_MAX_SIZE || (fresh && acct->large_ok)) {
+    if (size <= GPUMEM__TC_MAX_SIZE || acct->large_ok) {
       gpumem__block *b = acct->last;
       size_t bsize = acct->last_size;
       if (c->flushes == flushes && c->ctx == ctx && c->pool == p && c->stream == stream) {

@@ -230,6 +230,20 @@ static void put_u64(char **w, uint64_t v) {
   *w += n;
 }
 
+/* Write one event line: "KIND ID" and the n fields after it (n <= 3). */
+static void trace_event(struct gpumem__trace *t, char kind, uint64_t id, const uint64_t *fields, int n) {
+  char line[4 + 24 * 4], *w = line;
+  *w++ = kind;
+  *w++ = ' ';
+  put_u64(&w, id);
+  for (int i = 0; i < n; i++) {
+    *w++ = ' ';
+    put_u64(&w, fields[i]);
+  }
+  *w++ = '\n';
+  trace_write(t, line, (size_t)(w - line));
+}
+
 static void trace_free_struct(struct gpumem__trace *t) {
   if (t == NULL) return;
   free(t->slots);
@@ -465,20 +479,8 @@ void gpumem__monitor_alloc(gpumem_context *ctx, int device, void *ptr, size_t si
       /* no host memory to remember the ID: the free will be missing from the trace */
       if (!t->write_error) t->write_error = ENOMEM;
     }
-    char line[96], *w = line;
-    *w++ = 'a';
-    *w++ = ' ';
-    put_u64(&w, id);
-    *w++ = ' ';
-    put_u64(&w, (uint64_t)size);
-    *w++ = ' ';
-    put_u64(&w, (uint64_t)(uintptr_t)stream);
-    if (device != 0) {
-      *w++ = ' ';
-      put_u64(&w, (uint64_t)device);
-    }
-    *w++ = '\n';
-    trace_write(t, line, (size_t)(w - line));
+    const uint64_t f[3] = {(uint64_t)size, (uint64_t)(uintptr_t)stream, (uint64_t)device};
+    trace_event(t, 'a', id, f, device != 0 ? 3 : 2);
     t->nallocs++;
   }
   gpumem__mutex_unlock(&ctx->trace_lock);
@@ -492,16 +494,8 @@ static void trace_free_locked(struct gpumem__trace *t, void *ptr, gpumem_stream 
   uint64_t id;
   uintptr_t astream;
   if (t == NULL || !map_take(t, (uintptr_t)ptr, &id, &astream)) return;
-  char line[64], *w = line;
-  *w++ = 'f';
-  *w++ = ' ';
-  put_u64(&w, id);
-  if ((uintptr_t)stream != astream) {
-    *w++ = ' ';
-    put_u64(&w, (uint64_t)(uintptr_t)stream);
-  }
-  *w++ = '\n';
-  trace_write(t, line, (size_t)(w - line));
+  const uint64_t f = (uint64_t)(uintptr_t)stream;
+  trace_event(t, 'f', id, &f, (uintptr_t)stream != astream);
   t->nfrees++;
 }
 
@@ -513,14 +507,8 @@ gpumem_status gpumem__monitor_record_stream(gpumem_context *ctx, gpumem__pool *p
   struct gpumem__trace *t = ctx->trace;
   trace_slot *sl = st == GPUMEM_OK && t != NULL ? map_find(t, (uintptr_t)ptr) : NULL;
   if (sl != NULL) {
-    char line[64], *w = line;
-    *w++ = 'n';
-    *w++ = ' ';
-    put_u64(&w, sl->id);
-    *w++ = ' ';
-    put_u64(&w, (uint64_t)(uintptr_t)stream);
-    *w++ = '\n';
-    trace_write(t, line, (size_t)(w - line));
+    const uint64_t f = (uint64_t)(uintptr_t)stream;
+    trace_event(t, 'n', sl->id, &f, 1);
   }
   gpumem__mutex_unlock(&ctx->trace_lock);
   return st;

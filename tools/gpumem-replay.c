@@ -342,7 +342,6 @@ static uint64_t stream_order_floor(const tools_trace *t, const sim_model *m) {
       noted[e->slot] = 1;
     } else if (e->kind == TOOLS_EV_ALLOC) {
       uint64_t need = e->size;
-      noted[e->slot] = 0;
       size[e->slot] = e->size;
       uint32_t *tp = &top[e->stream];
       while (need > 0 && *tp != UINT32_MAX) {
