@@ -373,6 +373,68 @@ static void vm_ext_undo(gpumem__pool *p, gpumem__block *b, gpumem__fidx *f, uint
   insert_coalesce(p, f, mid);
 }
 
+/* Lending (gpumem__vm_lend): before the pool grows past its peak for a block of a stream with
+ * several streams in the pool, the stream's own free blocks that the device may still be using
+ * (its unbatched frees and pending batches, largest first, up to LEND_SCAN of them) lend their
+ * chunks to it; each one that lent is parked until an event recorded on the stream now has
+ * completed (gpumem__lend_park), then its old mappings are unmapped and it is READY. Only where
+ * the peak would rise: below it, idle chunks move at the same cost without parking anything. */
+#define LEND_SCAN 8
+
+/* f's blocks of at least min bytes into out[0..n), largest first, keeping the n largest seen (*nout). */
+static void lend_collect(gpumem__fidx *f, size_t min, gpumem__block **out, int *nout, int n) {
+  if (f->nblocks == 0) return;
+  for (int ci = 0; ci < CLS_COUNT; ci++) {
+    gpumem__tlsf *t = &f->t[ci];
+    for (int fl = TLSF_FL - 1; fl >= 0; fl--) {
+      if (((t->fl_bitmap >> fl) & 1) == 0) continue;
+      for (int sl = TLSF_SL - 1; sl >= 0; sl--) {
+        for (gpumem__block *b = t->heads[fl][sl]; b != NULL; b = b->fnext) {
+          /* buckets from the largest down: once blocks are too small, or no larger than the
+           * smallest kept, later buckets hold no better ones */
+          if (b->size < min || (*nout == n && out[n - 1]->size >= b->size)) goto next_class;
+          if (b->seg->kind != SEG_VM) continue;
+          if (*nout == n) (*nout)--;
+          int k = (*nout)++;
+          for (; k > 0 && out[k - 1]->size < b->size; k--) out[k] = out[k - 1];
+          out[k] = b;
+        }
+      }
+    }
+  next_class:;
+  }
+}
+
+/* Lend the stream's own pending memory to block t (rsize, taken, need granules unmapped, avail idle). */
+static void vm_lend_own(gpumem__pool *p, gpumem__srec *r, gpumem_stream stream, gpumem__block *t, size_t rsize,
+                        size_t need, size_t avail) {
+  const size_t g = gpumem__vm_granularity(p->vm);
+#ifdef LEND_MIN
+  if (rsize < ((size_t)LEND_MIN << 20)) return;
+#endif
+  if (need <= avail || p->st.reserved_bytes + (uint64_t)(need - avail) * g <= p->st.reserved_peak) return;
+  gpumem__block *donor[LEND_SCAN];
+  int nd = 0;
+  lend_collect(r->idx, 2 * g, donor, &nd, LEND_SCAN);
+  for (gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) lend_collect(bt->idx, 2 * g, donor, &nd, LEND_SCAN);
+  size_t want = need - avail;
+  for (int i = 0; i < nd && want > 0; i++) {
+    gpumem__block *f = donor[i];
+    /* parked before anything is lent: once its memory is mapped under t, f must never serve again
+     * until its old mappings are gone */
+    gpumem__deferred *d = gpumem__lend_begin(p, stream);
+    if (d == NULL) return;
+    uint32_t n = gpumem__vm_lend(t->seg->vm, t->addr, rsize, f->seg->vm, f->addr, f->size, (uint32_t)want);
+    if (n == 0) {
+      gpumem__lend_cancel(p, d);
+      continue;
+    }
+    idx_remove(p, f);
+    gpumem__lend_park(p, d, f);
+    want = n < want ? want - n : 0;
+  }
+}
+
 /* Granules of the best place's start still to map (1 when there is none: a new segment is needed). */
 static inline size_t vm_pick_need(const vm_pick *k) {
   if (k->best == NULL) return 1;
@@ -604,6 +666,11 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
         need = vm_need(b, rsize);
       } else {
         take(p, b, rsize);
+      }
+      if (need > 0 && r != NULL && p->solo == SOLO_MANY && !p->graph && p->ctx->has_events &&
+          !gpumem__capturing(p->ctx)) {
+        vm_lend_own(p, r, stream, b, rsize, need, gpumem__vm_available(p->vm)); /* (b's own idle chunks are busy now) */
+        need = vm_need(b, rsize);
       }
       if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit);
       if (st == GPUMEM_OK) {

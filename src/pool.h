@@ -271,6 +271,12 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream);
 enum { GPUMEM__DEFER_POLL = 0, GPUMEM__DEFER_WAIT = 1, GPUMEM__DEFER_SYNCED = 2 };
 void gpumem__poll_deferred(gpumem__pool *p, int how);
 void gpumem__deferred_clear(gpumem__pool *p);
+/* Lending (expandable.c, gpumem__vm_lend): a parked free made ready (host memory and an event
+ * recorded on `stream` now; NULL when either can not be had), given back unused, or given the block
+ * whose memory was lent (it waits there until the event completed). */
+gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream);
+void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d);
+void gpumem__lend_park(gpumem__pool *p, gpumem__deferred *d, gpumem__block *b);
 
 /* trim.c: when and how cached memory goes back */
 gpumem_status gpumem__seg_release(gpumem__pool *p, gpumem__segment *s);

@@ -253,6 +253,8 @@ int gpumem__sync_stream(gpumem__pool *p, gpumem__srec *r) {
   if (r->idx->nblocks > 0) (void)gpumem__harvest(p, r, 1);
   gpumem__batch *b = r->batches;
   if (b == NULL || !b->has_ev || gpumem__be_event_synchronize(p->ctx, p->device, b->ev) != GPUMEM_OK) return 0;
+  /* the stream's blocks lent from before this point first: their chunks may be among these */
+  if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_POLL);
   while (r->batches != NULL) batch_complete(p, r->batches);
   return 1;
 }
@@ -621,6 +623,8 @@ struct gpumem__deferred {
   uint32_t nev;         /* 0: freed while a capture may be under way, when no event may be recorded
                          * (a noted stream may be the one captured): it waits for a device synchronisation */
   int own;              /* ev[nev - 1] was recorded on the freeing stream: the block goes to READY */
+  int lent;             /* its memory is mapped again under a block of the same stream (gpumem__vm_lend): its
+                         * own mappings are unmapped once ev[0] completed, then it is READY */
   gpumem_event ev[];
 };
 
@@ -638,7 +642,8 @@ void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_
     else t += gpumem__srec_pending_bytes(s);
   }
   if (p->orphans != NULL) t += p->orphans->bytes;
-  for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next) n += d->b->size;
+  for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next)
+    if (!d->lent) n += d->b->size; /* (a lent block's memory is in use under another block) */
   *own = o;
   *other = t;
   *noted = n;
@@ -729,6 +734,7 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
     }
   }
   d->nev = k;
+  d->lent = 0;
   d->b = b;
   d->stream = stream;
   d->next = p->deferred;
@@ -736,6 +742,40 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
   p->ndeferred++;
   b->idx = &p->deferred_set;
   return 1;
+}
+
+gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream) {
+  gpumem__deferred *d = malloc(sizeof *d + sizeof d->ev[0]);
+  if (d == NULL) return NULL;
+  if (ev_get(p, &d->ev[0]) != GPUMEM_OK) {
+    free(d);
+    return NULL;
+  }
+  if (gpumem__be_event_record(p->ctx, p->device, d->ev[0], stream) != GPUMEM_OK) {
+    (void)gpumem__be_event_destroy(p->ctx, p->device, d->ev[0]);
+    free(d);
+    return NULL;
+  }
+  d->nev = 1;
+  d->own = 0;
+  d->lent = 1;
+  d->b = NULL;
+  d->stream = stream;
+  return d;
+}
+
+void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d) {
+  ev_put(p, d->ev[0]);
+  free(d);
+}
+
+void gpumem__lend_park(gpumem__pool *p, gpumem__deferred *d, gpumem__block *b) {
+  b->uses = NULL; /* (it held the free number: a parked block is in no stream's fidx, and a reset takes it for live) */
+  d->b = b;
+  d->next = p->deferred;
+  p->deferred = d;
+  p->ndeferred++;
+  b->idx = &p->deferred_set;
 }
 
 /* Parked frees whose events all completed are freed on their stream: asked (DEFER_POLL), waited
@@ -765,11 +805,16 @@ void gpumem__poll_deferred(gpumem__pool *p, int how) {
       continue;
     }
     const int all = i == d->nev;
+    for (i = 0; i < d->nev; i++) ev_put(p, d->ev[i]);
+    if (d->lent && gpumem__vm_unlend(d->b->seg->vm, d->b->addr, d->b->size) != GPUMEM_OK) {
+      d->nev = 0; /* an unmap failed: kept (its range unusable) until a device synchronisation tries again */
+      pp = &d->next;
+      continue;
+    }
     *pp = d->next;
     p->ndeferred--;
-    for (i = 0; i < d->nev; i++) ev_put(p, d->ev[i]);
     d->b->idx = NULL;
-    if (all && d->own) insert_coalesce(p, p->ready, d->b); /* every stream's work on it has completed */
+    if (d->lent || (all && d->own)) insert_coalesce(p, p->ready, d->b); /* every stream's work on it has completed */
     else gpumem__free_place(p, d->b, d->stream, 0);       /* its stream's own; 0: no backend call with it now */
     free(d);
   }
@@ -781,6 +826,7 @@ void gpumem__deferred_clear(gpumem__pool *p) {
     gpumem__deferred *d = p->deferred;
     p->deferred = d->next;
     for (uint32_t i = 0; i < d->nev; i++) (void)gpumem__be_event_destroy(p->ctx, p->device, d->ev[i]);
+    if (d->lent) (void)gpumem__vm_unlend(d->b->seg->vm, d->b->addr, d->b->size); /* before the chunks go */
     d->b->idx = NULL;
     free(d);
   }

@@ -82,7 +82,10 @@ typedef struct vmchunk {
   uint32_t start, len;   /* granules [start, start + len) of vs */
   uint32_t nbusy;        /* granules of it with busy bytes */
   uint32_t prev, next;   /* idle list links (next: free-slot list when free) */
-  int idle;              /* on the idle list */
+  uint32_t mate;         /* lent or alias: the other mapping of the same handle */
+  uint8_t idle;          /* on the idle list */
+  uint8_t lent;          /* its handle is also mapped by an alias (gpumem__vm_lend): never given back */
+  uint8_t alias;         /* a second mapping of a lent chunk's handle: only ever unmapped, never destroyed */
 } vmchunk;
 
 typedef struct spare_chunk {
@@ -113,6 +116,7 @@ struct gpumem__vmpool {
   uint64_t moves_from;     /* st->num_allocs when that count started */
   uint32_t raise_moves;    /* moves per raise: MOVES_PER_RAISE, or _STREAMS (gpumem__vm_several_streams) */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
+  uint32_t nalias;         /* alias mappings (gpumem__vm_lend) not yet unmapped */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
 };
@@ -312,6 +316,8 @@ static void chunk_place(gpumem__vmspace *vs, uint32_t i, gpumem_phys_handle h, u
   c->nbusy = 0;
   c->prev = c->next = NIL;
   c->idle = 0;
+  c->lent = c->alias = 0;
+  c->mate = NIL;
   for (uint32_t k = g; k < g + len; k++) {
     vs->cid[k] = i;
     vs->unmb[k >> 6] &= ~((uint64_t)1 << (k & 63));
@@ -356,8 +362,25 @@ static gpumem_status chunk_unmap(gpumem__vmpool *vp, uint32_t i, gpumem_phys_han
 static gpumem_status give_back(gpumem__vmpool *vp, uint32_t i) {
   gpumem_phys_handle h = 0;
   uint32_t len = 0;
+  if (vp->ch[i].lent) { /* an alias still maps its memory: not before that is unmapped; try it last next time */
+    if (vp->ch[i].idle) {
+      idle_remove(vp, i);
+      idle_push(vp, i);
+    }
+    return GPUMEM_ERR_BUSY;
+  }
+  const int alias = vp->ch[i].alias;
+  const uint32_t mate = vp->ch[i].mate;
+  gpumem__vmspace *vs = vp->ch[i].vs;
   gpumem_status st = chunk_unmap(vp, i, &h, &len);
   if (st != GPUMEM_OK) return st;
+  if (alias) {
+    vs->naliased -= len; /* the memory is the mate's: nothing to destroy; the mate may be idle now */
+    vp->ch[mate].lent = 0;
+    vp->nalias--;
+    if (vp->ch[mate].nbusy == 0 && !vp->ch[mate].idle) idle_push(vp, mate);
+    return GPUMEM_OK;
+  }
   return drop_handle(vp, h, len);
 }
 
@@ -395,8 +418,9 @@ static gpumem_status map_new(gpumem__vmspace *vs, uint32_t g, uint32_t len) {
 static gpumem_status shrink(gpumem__vmpool *vp, uint32_t i, uint32_t keep) {
   gpumem__vmspace *vs = vp->ch[i].vs;
   uint32_t start = vp->ch[i].start;
+  const int alias = vp->ch[i].alias;
   gpumem_status st = give_back(vp, i);
-  if (st != GPUMEM_OK || keep == 0) return st;
+  if (st != GPUMEM_OK || keep == 0 || alias) return st;
   uint32_t step = chunk_limit(vp) == 1 ? 1 : keep; /* under pressure: granules that can go back one by one */
   for (uint32_t g = 0; g < keep; g += step)
     if (map_new(vs, start + g, step) != GPUMEM_OK) {
@@ -497,7 +521,9 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
   return GPUMEM_OK;
 }
 
-uint64_t gpumem__vm_space_mapped(const gpumem__vmspace *vs) { return (uint64_t)vs->nmapped * vs->vp->gran; }
+uint64_t gpumem__vm_space_mapped(const gpumem__vmspace *vs) {
+  return (uint64_t)(vs->nmapped - vs->naliased) * vs->vp->gran;
+}
 
 void gpumem__vm_space_clear_busy(gpumem__vmspace *vs) {
   gpumem__vmpool *vp = vs->vp;
@@ -514,6 +540,9 @@ void gpumem__vm_space_clear_busy(gpumem__vmspace *vs) {
 gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
   gpumem__vmpool *vp = vs->vp;
   gpumem_status first = GPUMEM_OK;
+  /* aliases first (any space's: their mates may be here), then the chunks they kept from being given back */
+  for (uint32_t i = 0; i < vp->nch && vp->nalias > 0; i++)
+    if (vp->ch[i].vs != NULL && vp->ch[i].alias && vp->ch[i].idle) (void)give_back(vp, i);
   for (uint32_t i = 0; i < vp->nch && vs->nchunks > 0; i++) {
     if (vp->ch[i].vs != vs || !vp->ch[i].idle) continue;
     gpumem_status st = give_back(vp, i);
@@ -626,11 +655,11 @@ void gpumem__vm_busy_runs(gpumem__vmspace *vs, uintptr_t off, uintptr_t end, int
 void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delta) {
   gpumem__vmpool *vp = vs->vp;
   if (delta > 0) {
-    if (vp->ch[i].nbusy == 0) idle_remove(vp, i);
+    if (vp->ch[i].idle) idle_remove(vp, i);
     vp->ch[i].nbusy += n;
   } else {
     vp->ch[i].nbusy -= n;
-    if (vp->ch[i].nbusy == 0) idle_push(vp, i);
+    if (vp->ch[i].nbusy == 0 && !vp->ch[i].lent) idle_push(vp, i); /* (a lent chunk waits for its alias to go) */
   }
 }
 
@@ -687,9 +716,10 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
     }
     /* an idle chunk of exactly this size: move it */
     uint32_t i = vp->ihead;
-    for (int k = 0; k < FIT_SCAN && i != NIL && vp->ch[i].len != len; k++) i = vp->ch[i].next;
+    for (int k = 0; k < FIT_SCAN && i != NIL && (vp->ch[i].len != len || vp->ch[i].lent || vp->ch[i].alias); k++)
+      i = vp->ch[i].next;
     int guarded = 0; /* the guard refused: idle chunks stay, new memory is created */
-    if (i != NIL && vp->ch[i].len == len) {
+    if (i != NIL && vp->ch[i].len == len && !vp->ch[i].lent && !vp->ch[i].alias) {
       gpumem_phys_handle h = 0;
       uint32_t l = 0;
       gpumem_status st = chunk_unmap(vp, i, &h, &l);
@@ -760,6 +790,100 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
     g = e;
   }
   return GPUMEM_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Lending                                                                 */
+/*
+ * A stream's own free blocks serve that stream at once, in stream order, but only where they lie:
+ * a request larger than any of them maps new memory beside them while the device still runs the
+ * work queued before their frees (a GPU behind the host), and the pool grows by what they hold.
+ * Their chunks cannot be moved there (an unmap under queued work is a fault), but a chunk's memory
+ * may be mapped at a second address: the request takes it there, stream-ordered after that work as
+ * any reuse of the stream's own memory is, and the first mapping stays, unused, until the stream
+ * has passed the free (then gpumem__vm_unlend unmaps it). No memory is created and none is moved:
+ * one map and one set-access now, one unmap later, the calls of a move. The chunk's record moves
+ * to the new place (it is "lent": its handle is not destroyed while the other mapping lasts), and
+ * the old place keeps a record marked "alias" (unmapped, never destroyed). */
+
+/* The first granule p in [from, to) with [p, p + len) unmapped and inside [from, to), or NIL. */
+static uint32_t unmapped_run(const gpumem__vmspace *vs, uint32_t from, uint32_t to, uint32_t len) {
+  uint32_t run = 0;
+  for (uint32_t g = from; g < to; g++) {
+    run = vs->cid[g] == NIL ? run + 1 : 0;
+    if (run == len) return g + 1 - len;
+  }
+  return NIL;
+}
+
+uint32_t gpumem__vm_lend(gpumem__vmspace *dst, uintptr_t daddr, size_t dsize, gpumem__vmspace *src, uintptr_t saddr,
+                         size_t ssize, uint32_t max_gran) {
+  gpumem__vmpool *vp = dst->vp;
+  const size_t gs = vp->gran;
+  const uintptr_t soff = saddr - src->base, doff = daddr - dst->base;
+  /* the source's whole granules [s0, s1): only chunks wholly inside them are its alone */
+  const uint32_t s0 = (uint32_t)((soff + gs - 1) / gs), s1 = (uint32_t)((soff + ssize) / gs);
+  const uint32_t d0 = (uint32_t)(doff / gs), d1 = (uint32_t)((doff + dsize - 1) / gs) + 1;
+  uint32_t lent = 0, at = d0;
+  for (uint32_t g = s0; g < s1 && lent < max_gran;) {
+    const uint32_t c = src->cid[g];
+    if (c == NIL) {
+      g++;
+      continue;
+    }
+    const uint32_t start = vp->ch[c].start, len = vp->ch[c].len;
+    if (start < g || start + len > s1 || vp->ch[c].lent || vp->ch[c].alias || lent + len > max_gran) {
+      g = start + len > g ? start + len : g + 1; /* shared with a neighbour, lent already, or too much */
+      continue;
+    }
+    const uint32_t p = unmapped_run(dst, at, d1, len);
+    if (p == NIL) {
+      g += len;
+      continue;
+    }
+    const uint32_t j = chunk_alloc(vp); /* (may move the table) */
+    if (j == NIL) break;
+    const gpumem_phys_handle h = vp->ch[c].h;
+    if (gpumem__be_vm_map(vp->ctx, vp->dev, gaddr(dst, p), (size_t)len * gs, h) != GPUMEM_OK) {
+      chunk_release_slot(vp, j);
+      break; /* the rest is mapped as usual */
+    }
+    chunk_place(dst, j, h, p, len);
+    if (vp->ch[j].idle) idle_remove(vp, j); /* (dst is busy there: not so) */
+    vp->ch[j].lent = 1;
+    vp->ch[j].mate = c;
+    vp->ch[c].alias = 1;
+    vp->ch[c].mate = j;
+    src->naliased += len;
+    vp->nalias++;
+    lent += len;
+    at = p + len;
+    g += len;
+  }
+  if (lent > 0)
+    LOG(vp, GPUMEM_LOG_DEBUG, "device %d: %u granules of the stream's own pending frees mapped again at %p",
+        vp->dev, lent, (void *)daddr);
+  return lent;
+}
+
+gpumem_status gpumem__vm_unlend(gpumem__vmspace *vs, uintptr_t addr, size_t size) {
+  gpumem__vmpool *vp = vs->vp;
+  if (vp->nalias == 0 || size == 0) return GPUMEM_OK;
+  const uintptr_t off = addr - vs->base;
+  const uint32_t last = (uint32_t)((off + size - 1) / vp->gran);
+  gpumem_status first = GPUMEM_OK;
+  for (uint32_t g = (uint32_t)(off / vp->gran); g <= last;) {
+    const uint32_t c = vs->cid[g];
+    if (c == NIL || !vp->ch[c].alias) {
+      g++;
+      continue;
+    }
+    const uint32_t next = vp->ch[c].start + vp->ch[c].len;
+    gpumem_status st = give_back(vp, c); /* an alias: unmapped only */
+    if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
+    g = next;
+  }
+  return first;
 }
 
 void gpumem__vm_several_streams(gpumem__vmpool *vp, int several) {
@@ -864,7 +988,8 @@ const char *gpumem__vm_check_end(gpumem__vmspace *vs) {
       nb += vs->busy[g] != 0;
     }
     if (nb != c->nbusy) return "busy granule count of a chunk";
-    if (c->idle != (nb == 0)) return "a chunk is idle exactly when none of its granules is busy";
+    if (c->idle != (nb == 0 && !c->lent)) return "a chunk is idle exactly when none of its granules is busy";
+    if (c->alias && (c->mate >= vp->nch || !vp->ch[c->mate].lent || vp->ch[c->mate].mate != i)) return "alias";
     idle_here += c->idle;
   }
   if (nchunks != vs->nchunks) return "chunk count";

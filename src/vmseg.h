@@ -61,6 +61,18 @@ gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t
  * while its neighbours stay live.
  */
 void gpumem__vm_pressure(gpumem__vmpool *vp);
+/**
+ * Lending: maps chunks that lie wholly inside [saddr, saddr+ssize) of src (a free block of a
+ * stream's own whose queued work may still use it) a second time, over unmapped granules of
+ * [daddr, daddr+dsize) of dst (a block taken by that stream), at most max_gran granules. The old
+ * mappings stay until gpumem__vm_unlend; the caller keeps the source range from every use until
+ * then. Returns the granules mapped (0: none; a failing map stops it, the rest is mapped as usual).
+ */
+uint32_t gpumem__vm_lend(gpumem__vmspace *dst, uintptr_t daddr, size_t dsize, gpumem__vmspace *src, uintptr_t saddr,
+                         size_t ssize, uint32_t max_gran);
+/** Unmaps the alias mappings gpumem__vm_lend left in [addr, addr+size) (the device has passed their
+ * use). GPUMEM_OK, or the first unmap error (those aliases stay; a later call retries). */
+gpumem_status gpumem__vm_unlend(gpumem__vmspace *vs, uintptr_t addr, size_t size);
 /** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
 /** The pool has seen a second stream (several = 1): the allowance rises at its slower rate from now on
@@ -121,6 +133,7 @@ struct gpumem__vmspace {
   uint32_t n;              /* granules */
   uint32_t hi;             /* one past the highest granule ever mapped: every window above it is unmapped */
   size_t nmapped;          /* granules */
+  size_t naliased;         /* of them, granules of alias mappings (gpumem__vm_lend: memory counted where it is lent) */
   size_t nchunks;          /* chunks mapped in the space */
   uint32_t *chk;           /* invariant check scratch */
 };
