@@ -22,6 +22,11 @@ CUDA starts): ``torch`` (PyTorch's caching allocator), ``expandable``
 per run: peak allocated and peak reserved (``torch.cuda.max_memory_*``; with gpumem
 these are libgpumem's figures through the shim), their ratio and the median step.
 
+With ``--gpu-behind-ms MS`` every step starts with a kernel of MS milliseconds on each of the
+workload's streams: the host queues the whole step while the GPU is still behind it (a fast host,
+a busy GPU), so the step's frees come before the device has run the work that used the memory,
+the live counterpart of ``gpumem-replay --sim-behind``.
+
 With ``--trace-dir DIR`` the ``torch`` run also records its allocations with
 ``torch.cuda.memory._record_memory_history`` and writes them as a libgpumem trace
 (``DIR/<workload>.txt.gz``, the format of ``examples/traces``: ``a ID SIZE STREAM``
@@ -119,6 +124,23 @@ def run(args) -> dict:
         m = m.to(dev, memory_format=torch.channels_last)
         return m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
 
+    cycles = 0
+    if args.gpu_behind_ms > 0:
+        # torch.cuda._sleep spins for a number of GPU clock cycles: cycles per ms measured once
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        cycles = int(args.gpu_behind_ms * 10_000_000 / a.elapsed_time(b))
+
+    def behind(*streams):
+        if cycles > 0:
+            for st in streams:
+                with torch.cuda.stream(st):
+                    torch.cuda._sleep(cycles)
+
     def lm_loss(m, x, y):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = m(x)
@@ -132,6 +154,7 @@ def run(args) -> dict:
         torch.cuda.reset_peak_memory_stats(0)
         for step in range(steps):
             t0 = time.perf_counter()
+            behind(s1, s2)
             with torch.cuda.stream(s1):
                 x = torch.randn(32, 3, 224, 224, generator=gen).to(dev, non_blocking=True)
                 y = torch.randint(0, 100, (32,), generator=gen).to(dev)
@@ -174,6 +197,7 @@ def run(args) -> dict:
         nxt = fetch(0)
         for step in range(steps):
             t0 = time.perf_counter()
+            behind(main, load)
             main.wait_stream(load)
             x, y = nxt
             x.record_stream(main)
@@ -228,6 +252,7 @@ def run(args) -> dict:
         torch.cuda.reset_peak_memory_stats(0)
         for step in range(steps):
             t0 = time.perf_counter()
+            behind(main, comm)
             tok = torch.randint(0, vocab, (8, seq + 1), generator=gen).to(dev)
             lm_opt.zero_grad(set_to_none=True)
             loss = lm_loss(lm, tok[:, :-1], tok[:, 1:])
@@ -248,6 +273,7 @@ def run(args) -> dict:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0),
         "steps": steps,
+        "gpu_behind_ms": args.gpu_behind_ms,
         "last_loss": losses[-1] if losses else None,
         "median_step_ms": warm[len(warm) // 2] * 1e3,
         "max_memory_allocated": torch.cuda.max_memory_allocated(0),
@@ -311,6 +337,10 @@ def main() -> int:
     p.add_argument("--allocator", choices=ALLOCATORS, default="torch")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--gpu-behind-ms", type=float, default=0.0,
+                   help="start every step with a kernel of this many ms on each of the workload's streams, so "
+                        "that the host queues the whole step while the GPU is still behind it (a fast host, "
+                        "a busy GPU): the frees of the step come before the device has run their work")
     p.add_argument("--trace-dir", dest="trace", help="the torch run writes its trace here")
     p.add_argument("--out", help="write the result as JSON here")
     p.add_argument("--out-dir", help="with --all: where the JSON files and logs go")
