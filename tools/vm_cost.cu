@@ -20,16 +20,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    CUresult r_ = (x);                                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                                   \
-      const char *s_ = nullptr;                                                                 \
-      cuGetErrorString(r_, &s_);                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");           \
-      std::exit(2);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "cu_check.h"
 
 __global__ void spin(unsigned long long ns, int *flag) {
   unsigned long long t0;

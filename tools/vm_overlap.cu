@@ -22,16 +22,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    CUresult r_ = (x);                                                                \
-    if (r_ != CUDA_SUCCESS) {                                                         \
-      const char *s_ = nullptr;                                                       \
-      cuGetErrorString(r_, &s_);                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
-      std::exit(2);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "cu_check.h"
 
 using clk = std::chrono::steady_clock;
 static double us_since(clk::time_point t0) {
