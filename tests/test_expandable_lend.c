@@ -5,8 +5,8 @@
  * queued up to the request has completed; then its old mappings go and its range is READY.
  * The sim's delayed mode keeps the stream's work pending until the test completes it.
  * Checked: the memory held, the lending block's range kept from every allocation while pending,
- * invariants and the sim's memory at every step, a reset and a destroy while a lent block is
- * pending, and the error paths (no event, a failing map): no lending, nothing lost. */
+ * invariants and the sim's memory at every step, a reset, a destroy and trims while a lent block
+ * is pending, and the error paths (no event, a failing map): no lending, nothing lost. */
 #include <stdint.h>
 #include <string.h>
 
@@ -195,6 +195,42 @@ static void test_lend_map_fails(void **state) {
   scene_end(&s);
 }
 
+/* Trims while the lending block waits, and after the borrower is freed with it still waiting:
+ * each returns OK, the lent memory stays under the borrower (its data intact), the pool holds
+ * exactly what the sim device handed out, and once the stream's work is done a trim gives back
+ * everything that is not live. */
+static void test_lend_trim_pending(void **state) {
+  (void)state;
+  scene s;
+  scene_begin(&s);
+  assert_status(gpumem_alloc(s.ctx, 0, 256 * MIB, SA, &s.r), GPUMEM_OK);
+  assert_true(reserved(s.ctx) - s.held_before < 256 * MIB); /* it lent */
+  tu_stamp(s.r, 256 * MIB, 11);
+  uint64_t released = 0;
+  assert_status(gpumem_trim(s.ctx, 0, 0, &released), GPUMEM_OK);
+  check_held(s.ctx);
+  assert_true(tu_stamp_ok(s.r, 256 * MIB, 11));
+  assert_true(reserved(s.ctx) >= 64 * MIB + 64 * MIB + 256 * MIB);
+  /* the borrower freed on its stream while the lending block still waits */
+  assert_status(gpumem_free(s.ctx, s.r, SA), GPUMEM_OK);
+  s.r = NULL;
+  assert_status(gpumem_trim(s.ctx, 0, 0, &released), GPUMEM_OK);
+  check_held(s.ctx);
+  /* the stream's work done: nothing but lo and hi is held after a trim */
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(s.ctx, 0, 0, &released), GPUMEM_OK);
+  check_held(s.ctx);
+  assert_int_equal(reserved(s.ctx), 64 * MIB + 64 * MIB);
+  /* the pool still serves: a block over the old ranges keeps its data */
+  void *w;
+  assert_status(gpumem_alloc(s.ctx, 0, 384 * MIB, SB, &w), GPUMEM_OK);
+  tu_stamp(w, 384 * MIB, 12);
+  assert_true(tu_stamp_ok(w, 384 * MIB, 12));
+  check_held(s.ctx);
+  assert_status(gpumem_free(s.ctx, w, SB), GPUMEM_OK);
+  scene_end(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_lend_serves_own_stream, tu_setup, tu_teardown),
@@ -202,6 +238,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lend_reset_destroy_pending, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_lend_no_event, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_lend_map_fails, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_lend_trim_pending, tu_setup, tu_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
