@@ -409,9 +409,6 @@ static void lend_collect(gpumem__fidx *f, size_t min, gpumem__block **out, int *
 static void vm_lend_own(gpumem__pool *p, gpumem__srec *r, gpumem_stream stream, gpumem__block *t, size_t rsize,
                         size_t need, size_t avail) {
   const size_t g = gpumem__vm_granularity(p->vm);
-#ifdef LEND_MIN
-  if (rsize < ((size_t)LEND_MIN << 20)) return;
-#endif
   if (need <= avail || p->st.reserved_bytes + (uint64_t)(need - avail) * g <= p->st.reserved_peak) return;
   gpumem__block *donor[LEND_SCAN];
   int nd = 0;
