@@ -15,12 +15,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "cu_check.h"
+#include "vm_probe.h"
 
 __global__ void spin(unsigned long long ns, int *flag) {
   unsigned long long t0;
@@ -33,17 +32,10 @@ __global__ void spin(unsigned long long ns, int *flag) {
   *flag = 1;
 }
 
-static double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct Stat {
   std::vector<double> v;
   void add(double x) { v.push_back(x); }
-  double med() {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-  }
+  double med() const { return median(v); }
   double max() { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 };
 
@@ -57,16 +49,12 @@ int main(int argc, char **argv) {
   }
   CUdevice dev;
   CK(cuCtxGetDevice(&dev));
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = (int)dev;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc acc;
+  device_chunk(dev, &prop, &acc);
   size_t gran = 0;
   CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   const size_t sz = ((chunk_mib << 20) + gran - 1) / gran * gran;
-  CUmemAccessDesc acc = {};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   const int K = 8; /* chunks side by side for the batch rows */
   CUdeviceptr va;
   CK(cuMemAddressReserve(&va, sz * K, 0, 0, 0));

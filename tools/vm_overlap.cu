@@ -15,25 +15,18 @@
 // t_main near t_map + t_unmap: the driver serialises them, and another thread saves nothing.
 #include <cuda.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
 
-#include "cu_check.h"
-
-using clk = std::chrono::steady_clock;
-static double us_since(clk::time_point t0) {
-  return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
-}
+#include "vm_probe.h"
 
 struct Space {
   CUdevice dev;
   size_t chunk;
-  CUmemAllocationProp prop{};
-  CUmemAccessDesc acc{};
+  CUmemAllocationProp prop;
+  CUmemAccessDesc acc;
 };
 
 static void map_all(const Space &s, CUdeviceptr base, std::vector<CUmemGenericAllocationHandle> &h) {
@@ -51,11 +44,6 @@ static void unmap_all(const Space &s, CUdeviceptr base, std::vector<CUmemGeneric
   }
 }
 
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int main(int argc, char **argv) {
   const size_t n = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 64;
   const size_t mib = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 8;
@@ -67,11 +55,7 @@ int main(int argc, char **argv) {
   CK(cuDevicePrimaryCtxRetain(&ctx, s.dev));
   CK(cuCtxSetCurrent(ctx));
   s.chunk = mib << 20;
-  s.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  s.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  s.prop.location.id = s.dev;
-  s.acc.location = s.prop.location;
-  s.acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  device_chunk(s.dev, &s.prop, &s.acc);
   size_t gran = 0;
   CK(cuMemGetAllocationGranularity(&gran, &s.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   if (s.chunk % gran != 0) {
@@ -88,24 +72,24 @@ int main(int argc, char **argv) {
   for (int r = 0; r < rounds; r++) {
     /* alone */
     map_all(s, a, ha);
-    auto t0 = clk::now();
+    double t0 = now_us();
     map_all(s, b, hb);
-    t_map.push_back(us_since(t0) / n);
-    t0 = clk::now();
+    t_map.push_back((now_us() - t0) / n);
+    t0 = now_us();
     unmap_all(s, a, ha);
-    t_unmap.push_back(us_since(t0) / n);
+    t_unmap.push_back((now_us() - t0) / n);
     unmap_all(s, b, hb);
     /* side by side */
     map_all(s, a, ha);
-    t0 = clk::now();
+    t0 = now_us();
     std::thread w([&] {
       CK(cuCtxSetCurrent(ctx));
       unmap_all(s, a, ha);
     });
     map_all(s, b, hb);
-    t_main.push_back(us_since(t0) / n);
+    t_main.push_back((now_us() - t0) / n);
     w.join();
-    t_wall.push_back(us_since(t0) / n);
+    t_wall.push_back((now_us() - t0) / n);
     unmap_all(s, b, hb);
   }
   std::printf("vm_overlap: %zu chunks of %zu MiB, %d rounds, us per chunk (median)\n", n, mib, rounds);
