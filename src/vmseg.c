@@ -161,9 +161,6 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
   int mode = gpumem__vm_releaser_mode;
-  /* GPUMEM_RELEASER=0 or 1 (a diagnostic switch, for A/B runs in one build): never, or always */
-  const char *env = (ctx->opt.flags & GPUMEM_CONFIG_NO_ENV) ? NULL : getenv("GPUMEM_RELEASER");
-  if (mode == 0 && env != NULL && (env[0] == '0' || env[0] == '1') && env[1] == '\0') mode = env[0] == '1' ? 1 : -1;
   if (mode == 0) /* the built-in GPU backends, whose calls cost tens of microseconds; a custom backend's own
                   * calls stay on the threads that call the library */
     mode = ctx->opt.custom_backend == NULL && (strcmp(ctx->be_name, "cuda") == 0 || strcmp(ctx->be_name, "hip") == 0)
