@@ -91,7 +91,6 @@ static int rel_start(gpumem__releaser *r) {
     return -1;
   }
   r->started = 1;
-  gpumem__log(&r->ctx->opt.log, GPUMEM_LOG_DEBUG, "device %d: releaser thread started", r->dev);
   return 0;
 }
 
