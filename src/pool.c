@@ -568,10 +568,7 @@ int gpumem__pool_tc_keyed(gpumem__pool *p, int delta) {
 }
 
 gpumem__mutex *gpumem__pool_mutex(gpumem__pool *p) { return &p->lock; }
-gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *p) {
-  if (p->vm != NULL) gpumem__vm_settle(p->vm); /* exact: what the backend holds, the releaser's work included */
-  return &p->st;
-}
+gpumem_stats *gpumem__pool_stats_locked(gpumem__pool *p) { return &p->st; }
 
 /* Drop everything: live blocks are invalidated, every segment, event and
  * record is given back. A segment the backend refuses to free stays in the
@@ -710,7 +707,7 @@ gpumem_status gpumem__pool_reset(gpumem__pool *p) {
 
 void gpumem__pool_get_stats(gpumem__pool *p, gpumem_stats *st) {
   gpumem__mutex_lock(&p->lock);
-  *st = *gpumem__pool_stats_locked(p);
+  *st = p->st;
   st->cached_bytes = p->st.reserved_bytes - p->st.allocated_bytes;
   gpumem__mutex_unlock(&p->lock);
 }

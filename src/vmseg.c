@@ -12,8 +12,6 @@
  * Every backend call goes through backend.c. */
 #include "vmseg.h"
 
-#include "releaser.h"
-
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -119,10 +117,6 @@ struct gpumem__vmpool {
   uint32_t raise_moves;    /* moves per raise: MOVES_PER_RAISE, or _STREAMS (gpumem__vm_several_streams) */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
   uint32_t nalias;         /* alias mappings (gpumem__vm_lend) not yet unmapped */
-  gpumem__releaser *rel;   /* unmaps and destroys off the allocating thread (NULL: on it; see "The releaser") */
-  size_t npend;            /* granules of every space with a pendb bit */
-  gpumem__rel_job *stuck;  /* unmaps the releaser and a retry failed: their granules stay pending (see settle) */
-  size_t nstuck, capstuck;
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
 };
@@ -130,9 +124,6 @@ struct gpumem__vmpool {
 #define LOG(vp, lvl, ...) gpumem__log(&(vp)->ctx->opt.log, (lvl), __VA_ARGS__)
 
 static void space_free(gpumem__vmspace *vs);
-static void settle(gpumem__vmpool *vp, int wait);
-
-int gpumem__vm_releaser_mode;
 
 /* ---------------------------------------------------------------------- */
 /* Pool                                                                    */
@@ -160,27 +151,11 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->raise_moves = MOVES_PER_RAISE;
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
-  int mode = gpumem__vm_releaser_mode;
-  if (mode == 0) /* the built-in GPU backends, whose calls cost tens of microseconds; a custom backend's own
-                  * calls stay on the threads that call the library */
-    mode = ctx->opt.custom_backend == NULL && (strcmp(ctx->be_name, "cuda") == 0 || strcmp(ctx->be_name, "hip") == 0)
-               ? 1
-               : -1;
-  if (mode > 0) vp->rel = gpumem__rel_new(ctx, device); /* (NULL: the calls are made here) */
   return vp;
 }
 
 void gpumem__vm_pool_free(gpumem__vmpool *vp) {
   if (vp == NULL) return;
-  settle(vp, 1);
-  gpumem__rel_free(vp->rel);
-  vp->rel = NULL;
-  for (size_t i = 0; i < vp->nstuck; i++) { /* last tries */
-    gpumem__rel_job *j = &vp->stuck[i];
-    if (gpumem__be_vm_unmap(vp->ctx, vp->dev, j->va, j->size) == GPUMEM_OK && j->destroy)
-      (void)gpumem__be_vm_destroy(vp->ctx, vp->dev, j->h);
-  }
-  free(vp->stuck);
   /* last tries for what the pool could not give back (logged by backend.c if they fail) */
   for (size_t i = 0; i < vp->nspare; i++) (void)gpumem__be_vm_destroy(vp->ctx, vp->dev, vp->spare[i].h);
   while (vp->spaces != NULL) {
@@ -354,22 +329,6 @@ static void chunk_place(gpumem__vmspace *vs, uint32_t i, gpumem_phys_handle h, u
   if (c->nbusy == 0) idle_push(vp, i); /* (callers mark busy first; kept exact regardless) */
 }
 
-/* Chunk i (idle) is no longer mapped where it was: its record goes; *h and *len say what it was. */
-static void chunk_forget(gpumem__vmpool *vp, uint32_t i, gpumem_phys_handle *h, uint32_t *len) {
-  vmchunk *c = &vp->ch[i];
-  gpumem__vmspace *vs = c->vs;
-  if (c->idle) idle_remove(vp, i);
-  for (uint32_t k = c->start; k < c->start + c->len; k++) {
-    vs->cid[k] = NIL;
-    vs->unmb[k >> 6] |= (uint64_t)1 << (k & 63);
-  }
-  vs->nmapped -= c->len;
-  vs->nchunks--;
-  *h = c->h;
-  *len = c->len;
-  chunk_release_slot(vp, i);
-}
-
 /* Unmap chunk i (idle) and forget it; *h and *len say what it was. On an
  * unmap error it stays mapped, last in the idle list. */
 static gpumem_status chunk_unmap(gpumem__vmpool *vp, uint32_t i, gpumem_phys_handle *h, uint32_t *len) {
@@ -385,7 +344,16 @@ static gpumem_status chunk_unmap(gpumem__vmpool *vp, uint32_t i, gpumem_phys_han
     }
     return st;
   }
-  chunk_forget(vp, i, h, len);
+  if (c->idle) idle_remove(vp, i);
+  for (uint32_t k = c->start; k < c->start + c->len; k++) {
+    vs->cid[k] = NIL;
+    vs->unmb[k >> 6] |= (uint64_t)1 << (k & 63);
+  }
+  vs->nmapped -= c->len;
+  vs->nchunks--;
+  *h = c->h;
+  *len = c->len;
+  chunk_release_slot(vp, i);
   return GPUMEM_OK;
 }
 
@@ -416,175 +384,15 @@ static gpumem_status give_back(gpumem__vmpool *vp, uint32_t i) {
   return drop_handle(vp, h, len);
 }
 
-/* ---------------------------------------------------------------------- */
-/* The releaser                                                            */
-/*
- * A chunk moved, or given back to make room for a new one, is unmapped (and, given back, destroyed)
- * by the releaser thread (releaser.h) while this thread creates and maps the new one: on an H200 the
- * allocating thread then pays 31-46 us per 8 or 64 MiB chunk instead of 54-87 (tools/vm_overlap.cu;
- * the driver serialises 2 MiB chunks, which neither gain nor lose). For the granule map the old place
- * is unmapped at once (cid NIL, unmb set: placement sees it as it will be), with a pendb bit until the
- * thread is done: nothing is mapped over a pending granule before that (map_handle and lending wait
- * for the thread). The reserved bytes drop when a give-back is queued, as when it was made here; the
- * driver holds that memory for the microseconds the thread takes, and an allocation that finds the
- * device full waits for the thread before anything else. Trims, resets and destroys wait for it first,
- * so what they report is what the backend holds. Results come back at settle: a failed destroy leaves
- * a spare chunk (held), as here; a failed unmap is retried here once and, failing again, its granules
- * stay pending for good (a map there could only fail) and the job is kept ("stuck") for trims and
- * destroy to retry. Only for the built-in CUDA and HIP backends, whose calls cost tens of microseconds
- * (gpumem__vm_releaser_mode).
- */
-
-static void pend_set(gpumem__vmspace *vs, uint32_t g, uint32_t len, int on) {
-  for (uint32_t k = g; k < g + len; k++) {
-    const uint64_t bit = (uint64_t)1 << (k & 63);
-    if (on) vs->pendb[k >> 6] |= bit;
-    else vs->pendb[k >> 6] &= ~bit;
-  }
-  if (on) {
-    vs->npend += len;
-    vs->vp->npend += len;
-  } else {
-    vs->npend -= len;
-    vs->vp->npend -= len;
-  }
-}
-
-/* 1 if a granule of [g, g + len) of vs is pending. */
-static int pend_any(const gpumem__vmspace *vs, uint32_t g, uint32_t len) {
-  if (vs->npend == 0) return 0;
-  for (uint32_t k = g; k < g + len; k++)
-    if ((vs->pendb[k >> 6] >> (k & 63)) & 1) return 1;
-  return 0;
-}
-
-/* A give-back the backend did not complete: the memory is held again. */
-static void held_undo(gpumem__vmpool *vp, uint32_t len) {
-  vp->st->reserved_bytes += (uint64_t)len * vp->gran;
-  if (vp->st->reserved_bytes > vp->st->reserved_peak) vp->st->reserved_peak = vp->st->reserved_bytes;
-  vp->st->num_backend_frees--;
-}
-
-/* One finished job: its granules may be mapped again; failures are handled as on this thread. */
-static void settle_job(gpumem__vmpool *vp, gpumem__rel_job *j) {
-  if (j->unmap_st != GPUMEM_OK) { /* once more, here */
-    j->unmap_st = gpumem__be_vm_unmap(vp->ctx, vp->dev, j->va, j->size);
-    if (j->unmap_st == GPUMEM_OK && j->destroy) j->destroy_st = gpumem__be_vm_destroy(vp->ctx, vp->dev, j->h);
-  }
-  if (j->unmap_st != GPUMEM_OK) { /* still mapped there: its granules stay pending */
-    if (j->destroy) held_undo(vp, j->len);
-    if (vp->nstuck == vp->capstuck) {
-      size_t ncap = vp->capstuck ? vp->capstuck * 2 : 4;
-      gpumem__rel_job *n = realloc(vp->stuck, ncap * sizeof *n);
-      if (n == NULL) { /* cannot even remember it: no longer ours (the granules stay pending) */
-        if (j->destroy) held_sub(vp, j->len);
-        return;
-      }
-      vp->stuck = n;
-      vp->capstuck = ncap;
-    }
-    vp->stuck[vp->nstuck++] = *j;
-    LOG(vp, GPUMEM_LOG_WARN, "device %d: %zu bytes at %p could not be unmapped (%s): that range is not used again",
-        vp->dev, j->size, j->va, gpumem_status_name(j->unmap_st));
-    return;
-  }
-  pend_set(j->space, j->g, j->len, 0);
-  if (j->destroy && j->destroy_st != GPUMEM_OK && spare_push(vp, j->h, j->len) == 0) held_undo(vp, j->len);
-}
-
-/* Take the releaser's finished jobs; with wait, first wait until every queued job is done. */
-static void settle(gpumem__vmpool *vp, int wait) {
-  if (vp->rel == NULL || gpumem__rel_queued(vp->rel) == 0) return;
-  gpumem__rel_job jobs[32];
-  size_t n;
-  do {
-    n = gpumem__rel_take(vp->rel, jobs, 32, wait);
-    for (size_t k = 0; k < n; k++) settle_job(vp, &jobs[k]);
-  } while (n == 32);
-}
-
-void gpumem__vm_settle(gpumem__vmpool *vp) {
-  if (vp != NULL) settle(vp, 1);
-}
-
-/* Retry the stuck unmaps (of space vs, or of every space when NULL); the first error, if any stays. */
-static gpumem_status retry_stuck(gpumem__vmpool *vp, const gpumem__vmspace *vs) {
-  gpumem_status first = GPUMEM_OK;
-  for (size_t k = 0; k < vp->nstuck;) {
-    gpumem__rel_job *j = &vp->stuck[k];
-    if (vs != NULL && j->space != vs) {
-      k++;
-      continue;
-    }
-    gpumem_status st = gpumem__be_vm_unmap(vp->ctx, vp->dev, j->va, j->size);
-    if (st != GPUMEM_OK) {
-      if (first == GPUMEM_OK) first = st;
-      k++;
-      continue;
-    }
-    pend_set(j->space, j->g, j->len, 0);
-    if (j->destroy) (void)drop_handle(vp, j->h, j->len); /* (held again since it got stuck) */
-    vp->stuck[k] = vp->stuck[--vp->nstuck];
-  }
-  return first;
-}
-
-/* Unmap idle chunk i (neither lent nor an alias) and forget it, on the releaser thread when there is
- * one (else here); with destroy, its handle is destroyed after the unmap (a destroy error leaves it
- * spare). *h and *len say what it was. On an error here it stays mapped, last in the idle list. */
-static gpumem_status release_chunk(gpumem__vmpool *vp, uint32_t i, int destroy, gpumem_phys_handle *h,
-                                   uint32_t *len) {
-  if (vp->rel != NULL) {
-    gpumem_status st = vp->guard != NULL ? vp->guard(vp->guard_arg) : GPUMEM_OK;
-    if (st != GPUMEM_OK) return st; /* its memory may still be in use: not now */
-    const vmchunk *c = &vp->ch[i];
-    gpumem__rel_job j;
-    memset(&j, 0, sizeof j);
-    j.va = gaddr(c->vs, c->start);
-    j.size = (size_t)c->len * vp->gran;
-    j.h = c->h;
-    j.len = c->len;
-    j.g = c->start;
-    j.space = c->vs;
-    j.destroy = (uint8_t)(destroy != 0);
-    if (gpumem__rel_push(vp->rel, &j) == 0) {
-      gpumem__vmspace *vs = c->vs;
-      chunk_forget(vp, i, h, len);
-      pend_set(vs, j.g, j.len, 1);
-      if (destroy) held_sub(vp, j.len);
-      return GPUMEM_OK;
-    }
-  }
-  gpumem_status st = chunk_unmap(vp, i, h, len);
-  if (st == GPUMEM_OK && destroy) return drop_handle(vp, *h, *len);
-  return st;
-}
-
-/* give_back, on the releaser thread where it can be. */
-static gpumem_status give_back_soon(gpumem__vmpool *vp, uint32_t i) {
-  if (vp->rel == NULL || vp->ch[i].lent || vp->ch[i].alias) return give_back(vp, i);
-  gpumem_phys_handle h = 0;
-  uint32_t len = 0;
-  return release_chunk(vp, i, 1, &h, &len);
-}
-
 /* Map handle h (len granules, held) at granule g of vs. On failure the handle
  * is destroyed (or kept as spare) and the status returned. */
 static gpumem_status map_handle(gpumem__vmspace *vs, uint32_t g, gpumem_phys_handle h, uint32_t len) {
   gpumem__vmpool *vp = vs->vp;
-  gpumem_status st = GPUMEM_OK;
-  if (pend_any(vs, g, len)) { /* what was mapped here is still being unmapped: wait for the releaser */
-    settle(vp, 1);
-    if (pend_any(vs, g, len)) st = retry_stuck(vp, vs); /* an unmap that failed twice: once more */
-    if (st == GPUMEM_OK && pend_any(vs, g, len)) st = GPUMEM_ERR_BACKEND; /* (never mapped over) */
-  }
-  uint32_t i = st == GPUMEM_OK ? chunk_alloc(vp) : NIL;
-  if (st == GPUMEM_OK)
-    st = i == NIL ? GPUMEM_ERR_OUT_OF_MEMORY
-                  : gpumem__be_vm_map(vp->ctx, vp->dev, gaddr(vs, g), (size_t)len * vp->gran, h);
+  uint32_t i = chunk_alloc(vp);
+  gpumem_status st = i == NIL ? GPUMEM_ERR_OUT_OF_MEMORY
+                              : gpumem__be_vm_map(vp->ctx, vp->dev, gaddr(vs, g), (size_t)len * vp->gran, h);
   if (st != GPUMEM_OK) {
     if (i != NIL) chunk_release_slot(vp, i);
-    settle(vp, 1); /* (a moved handle: its old mapping gone first) */
     (void)drop_handle(vp, h, len);
     return st;
   }
@@ -637,7 +445,6 @@ static void space_free(gpumem__vmspace *vs) {
   free(vs->busy);
   free(vs->idleb);
   free(vs->unmb);
-  free(vs->pendb);
   free(vs->chk);
   free(vs);
 }
@@ -689,8 +496,7 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
   vs->busy = calloc(n, sizeof *vs->busy);
   vs->idleb = malloc(((n + 63) / 64) * sizeof *vs->idleb);
   vs->unmb = malloc(((n + 63) / 64) * sizeof *vs->unmb);
-  vs->pendb = calloc((n + 63) / 64, sizeof *vs->pendb);
-  if (vs->cid == NULL || vs->busy == NULL || vs->idleb == NULL || vs->unmb == NULL || vs->pendb == NULL) {
+  if (vs->cid == NULL || vs->busy == NULL || vs->idleb == NULL || vs->unmb == NULL) {
     (void)gpumem__be_vm_release(vp->ctx, vp->dev, raw, raw_size);
     space_free(vs);
     return GPUMEM_ERR_OUT_OF_MEMORY;
@@ -733,9 +539,7 @@ void gpumem__vm_space_clear_busy(gpumem__vmspace *vs) {
 
 gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
   gpumem__vmpool *vp = vs->vp;
-  settle(vp, 1);
-  gpumem_status first = retry_stuck(vp, vs);
-  if (vs->npend != 0) return first != GPUMEM_OK ? first : GPUMEM_ERR_INTERNAL; /* still mapped there */
+  gpumem_status first = GPUMEM_OK;
   /* aliases first (any space's: their mates may be here), then the chunks they kept from being given back */
   for (uint32_t i = 0; i < vp->nch && vp->nalias > 0; i++)
     if (vp->ch[i].vs != NULL && vp->ch[i].alias && vp->ch[i].idle) (void)give_back(vp, i);
@@ -877,7 +681,6 @@ void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delt
  * full device set it back to 0. */
 static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
   gpumem__vmpool *vp = vs->vp;
-  settle(vp, 0); /* what the releaser has done so far */
   uint64_t add = (uint64_t)len * vp->gran;
   uint64_t cap = vp->st->reserved_peak;
   if (vp->st->allocated_peak + vp->allowance > cap) cap = vp->st->allocated_peak + vp->allowance;
@@ -919,7 +722,7 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
     if (i != NIL && vp->ch[i].len == len && !vp->ch[i].lent && !vp->ch[i].alias) {
       gpumem_phys_handle h = 0;
       uint32_t l = 0;
-      gpumem_status st = release_chunk(vp, i, 0, &h, &l); /* (the old place is unmapped while this one is mapped) */
+      gpumem_status st = chunk_unmap(vp, i, &h, &l);
       if (st == GPUMEM_OK) return map_handle(vs, g, h, l);
       if (st != GPUMEM_ERR_BUSY) return st;
       guarded = 1;
@@ -932,17 +735,13 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
       if (st != GPUMEM_OK) return st;
     }
     while (!guarded && vp->ihead != NIL && vp->st->reserved_bytes + add > cap) {
-      gpumem_status st = give_back_soon(vp, vp->ihead);
+      gpumem_status st = give_back(vp, vp->ihead);
       if (st == GPUMEM_ERR_BUSY) break;
       if (st != GPUMEM_OK) return st;
     }
   }
   if (limit != 0 && vp->st->reserved_bytes + add > limit) return GPUMEM_ERR_LIMIT_EXCEEDED;
   gpumem_status st = map_new(vs, g, len);
-  if (st == GPUMEM_ERR_OUT_OF_MEMORY && vp->npend > 0) { /* give-backs under way: once they are done */
-    settle(vp, 1);
-    st = map_new(vs, g, len);
-  }
   if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
     gpumem__vm_allowance_reset(vp); /* the device is full: pack tightly */
     gpumem__vm_pressure(vp);
@@ -1011,7 +810,7 @@ gpumem_status gpumem__vm_commit(gpumem__vmspace *vs, uintptr_t addr, size_t size
 static uint32_t unmapped_run(const gpumem__vmspace *vs, uint32_t from, uint32_t to, uint32_t len) {
   uint32_t run = 0;
   for (uint32_t g = from; g < to; g++) {
-    run = vs->cid[g] == NIL && !((vs->pendb[g >> 6] >> (g & 63)) & 1) ? run + 1 : 0;
+    run = vs->cid[g] == NIL ? run + 1 : 0;
     if (run == len) return g + 1 - len;
   }
   return NIL;
@@ -1020,7 +819,6 @@ static uint32_t unmapped_run(const gpumem__vmspace *vs, uint32_t from, uint32_t 
 uint32_t gpumem__vm_lend(gpumem__vmspace *dst, uintptr_t daddr, size_t dsize, gpumem__vmspace *src, uintptr_t saddr,
                          size_t ssize, uint32_t max_gran) {
   gpumem__vmpool *vp = dst->vp;
-  settle(vp, 1); /* (granules the releaser still unmaps are not lent to: unmapped_run) */
   const size_t gs = vp->gran;
   const uintptr_t soff = saddr - src->base, doff = daddr - dst->base;
   /* the source's whole granules [s0, s1): only chunks wholly inside them are its alone */
@@ -1102,8 +900,7 @@ void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {
 }
 
 gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *released) {
-  settle(vp, 1); /* what the releaser has under way is given back before anything is counted */
-  gpumem_status first = retry_stuck(vp, NULL);
+  gpumem_status first = GPUMEM_OK;
   uint64_t rel = 0;
   /* spare chunks first: they back nothing */
   size_t k = 0;
@@ -1166,16 +963,12 @@ void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size) {
 const char *gpumem__vm_check_end(gpumem__vmspace *vs) {
   if (vs->chk == NULL) return NULL; /* no host memory to check with */
   gpumem__vmpool *vp = vs->vp;
-  size_t mapped = 0, npend = 0;
+  size_t mapped = 0;
   for (uint32_t g = 0; g < vs->n; g++) {
     if (vs->chk[g] != vs->busy[g]) return "busy bytes of a granule differ from its live and not-READY blocks";
     if (vs->busy[g] != 0 && vs->cid[g] == NIL) return "a granule under a live or not-READY block is not mapped";
     if (((vs->idleb[g >> 6] >> (g & 63)) & 1) != (vs->busy[g] == 0)) return "idle bit map";
     if (((vs->unmb[g >> 6] >> (g & 63)) & 1) != (vs->cid[g] == NIL)) return "unmapped bit map";
-    if ((vs->pendb[g >> 6] >> (g & 63)) & 1) {
-      if (vs->cid[g] != NIL) return "a granule the releaser unmaps is mapped again";
-      npend++;
-    }
     if (vs->cid[g] == NIL) continue;
     mapped++;
     if (vs->cid[g] >= vp->nch) return "chunk index out of range";
@@ -1183,7 +976,6 @@ const char *gpumem__vm_check_end(gpumem__vmspace *vs) {
     if (c->vs != vs || g < c->start || g - c->start >= c->len) return "granule outside its chunk";
   }
   if (mapped != vs->nmapped) return "mapped granule count";
-  if (npend != vs->npend) return "pending granule count";
   size_t nchunks = 0, idle_here = 0;
   for (uint32_t i = 0; i < vp->nch; i++) {
     const vmchunk *c = &vp->ch[i];

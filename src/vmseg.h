@@ -53,10 +53,6 @@ gpumem_status gpumem__be_vm_destroy(gpumem_context *ctx, int dev, gpumem_phys_ha
 gpumem_status gpumem__be_vm_map(gpumem_context *ctx, int dev, void *va, size_t size, gpumem_phys_handle h);
 gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t size);
 
-/** Whether pools created from now on unmap and destroy chunks on a releaser thread (vmseg.c, "The releaser"):
- *  0 (the default): with the built-in CUDA and HIP backends; 1: always; -1: never. Set by tests. */
-extern int gpumem__vm_releaser_mode;
-
 /**
  * The device is short of memory (this pool ran out of it, a member of its
  * shared group asked for memory, or free memory fell below
@@ -77,9 +73,6 @@ uint32_t gpumem__vm_lend(gpumem__vmspace *dst, uintptr_t daddr, size_t dsize, gp
 /** Unmaps the alias mappings gpumem__vm_lend left in [addr, addr+size) (the device has passed their
  * use). GPUMEM_OK, or the first unmap error (those aliases stay; a later call retries). */
 gpumem_status gpumem__vm_unlend(gpumem__vmspace *vs, uintptr_t addr, size_t size);
-/** Wait for the releaser thread's work (vmseg.c, "The releaser") and take its results: afterwards the
- *  pool's reserved bytes are what the backend holds. NULL: nothing. */
-void gpumem__vm_settle(gpumem__vmpool *vp);
 /** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
 /** The pool has seen a second stream (several = 1): the allowance rises at its slower rate from now on
@@ -131,9 +124,6 @@ struct gpumem__vmspace {
   uint32_t *busy;          /* n: busy bytes */
   uint64_t *idleb;         /* (n + 63) / 64 words: bit g set while busy[g] == 0 (bits past n: 0) */
   uint64_t *unmb;          /* the same: bit g set while cid[g] == GPUMEM__VM_NIL */
-  uint64_t *pendb;         /* the same: bit g set while the releaser thread still has to unmap what was
-                            * mapped at g (cid[g] is NIL already; nothing is mapped there before it is done) */
-  size_t npend;            /* granules with a pendb bit */
   unsigned gshift;         /* log2 of the granularity */
   gpumem__vmpool *vp;
   gpumem__vmspace *prev, *next;
