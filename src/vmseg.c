@@ -75,6 +75,18 @@
 #ifndef RAISE_ALLOCS_PER_MOVE
 #define RAISE_ALLOCS_PER_MOVE 64
 #endif
+/* ... and, once the pool has seen several streams, never past 1/ALLOWANCE_STREAMS_DIV of the live peak.
+ * There, moves keep coming whatever the allowance (two models trained on two streams replayed with the
+ * device 64 events behind: 48 moves in every 1,000-2,000 allocations while it rose to 416 MiB, 15 % of
+ * the live peak, and held 1.161 after 4 passes), and they cost little: a move is about 60 us of host
+ * time and nothing on the device (tools/vm_gpu_cost.cu: kernels run as fast while the host moves 13-21
+ * chunks a millisecond). Live on an H200 (run 60 of bench/results/2026-12-h200-runs.md, ten pairs of
+ * processes, 100 steps of two_models): 1.030-1.032 of the live peak against 1.030-1.056 (median 1.043),
+ * at 79.9 against 79.0 ms a step (medians; the processes of one allocator spread by 23 ms). One stream
+ * keeps no such bound: ResNet-50 training replayed with it moves 30 times as many chunks a pass. */
+#ifndef ALLOWANCE_STREAMS_DIV
+#define ALLOWANCE_STREAMS_DIV 32
+#endif
 
 typedef struct vmchunk {
   gpumem_phys_handle h;
@@ -677,8 +689,8 @@ void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delt
  * every MOVES_PER_RAISE moves that came within RAISE_ALLOCS_PER_MOVE
  * allocations a move: a steady state that keeps moving chunks often settles
  * where it needs none, one that moves rarely keeps its few moves (it grows by 1/128 of the live peak, at least a
- * granule, at most a largest chunk). Trimming (gpumem__vm_allowance_reset) and a
- * full device set it back to 0. */
+ * granule, at most a largest chunk), with several streams to at most 1/ALLOWANCE_STREAMS_DIV of the
+ * live peak. Trimming (gpumem__vm_allowance_reset) and a full device set it back to 0. */
 static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
   gpumem__vmpool *vp = vs->vp;
   uint64_t add = (uint64_t)len * vp->gran;
@@ -697,6 +709,8 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
         if (step < 1) step = 1;
         if (step > vp->chunk_max) step = vp->chunk_max;
         vp->allowance += step * vp->gran;
+        uint64_t most = (vp->st->allocated_peak / ALLOWANCE_STREAMS_DIV) & ~(uint64_t)(vp->gran - 1);
+        if (vp->raise_moves == MOVES_PER_RAISE_STREAMS && vp->allowance > most) vp->allowance = most;
         LOG(vp, GPUMEM_LOG_DEBUG,
             "device %d: %u idle-chunk moves in %llu allocations: new memory may now go %llu MiB past the live peak",
             vp->dev, vp->raise_moves, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
