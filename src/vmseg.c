@@ -126,7 +126,8 @@ struct gpumem__vmpool {
   uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
   uint32_t moves;          /* idle-chunk moves counted towards the next raise of the allowance */
   uint64_t moves_from;     /* st->num_allocs when that count started */
-  uint32_t raise_moves;    /* moves per raise: MOVES_PER_RAISE, or _STREAMS (gpumem__vm_several_streams) */
+  int several;             /* the pool has seen several streams (gpumem__vm_several_streams): the allowance
+                            * rises every MOVES_PER_RAISE_STREAMS moves, up to 1/ALLOWANCE_STREAMS_DIV */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
   uint32_t nalias;         /* alias mappings (gpumem__vm_lend) not yet unmapped */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
@@ -160,7 +161,6 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->chunk_max = CHUNK_MAX_BYTES > g ? (uint32_t)(CHUNK_MAX_BYTES / g) : 1;
   vp->chunk_huge = CHUNK_HUGE_BYTES > g ? (uint32_t)(CHUNK_HUGE_BYTES / g) : 1;
   vp->total = total;
-  vp->raise_moves = MOVES_PER_RAISE;
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
   return vp;
@@ -698,27 +698,28 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   if (vp->st->allocated_peak + vp->allowance > cap) cap = vp->st->allocated_peak + vp->allowance;
   if (limit != 0 && limit < cap) cap = limit;
   if (vp->st->reserved_bytes + add > cap && vp->nidle + vp->spare_gran > 0) {
-    if (++vp->moves >= vp->raise_moves) {
+    const uint32_t per_raise = vp->several ? MOVES_PER_RAISE_STREAMS : MOVES_PER_RAISE;
+    if (++vp->moves >= per_raise) {
       /* by 1/128 of the live peak, at least a granule, at most a largest chunk; only when the moves
        * came often (RAISE_ALLOCS_PER_MOVE) */
       uint64_t allocs = vp->st->num_allocs - vp->moves_from; /* (wraps to large if the count went back: no raise) */
       vp->moves = 0;
       vp->moves_from = vp->st->num_allocs;
-      if (allocs <= (uint64_t)vp->raise_moves * RAISE_ALLOCS_PER_MOVE) {
+      if (allocs <= (uint64_t)per_raise * RAISE_ALLOCS_PER_MOVE) {
         uint64_t step = vp->st->allocated_peak / 128 / vp->gran;
         if (step < 1) step = 1;
         if (step > vp->chunk_max) step = vp->chunk_max;
         vp->allowance += step * vp->gran;
-        uint64_t most = (vp->st->allocated_peak / ALLOWANCE_STREAMS_DIV) & ~(uint64_t)(vp->gran - 1);
-        if (vp->raise_moves == MOVES_PER_RAISE_STREAMS && vp->allowance > most) vp->allowance = most;
+        const uint64_t most = (vp->st->allocated_peak / ALLOWANCE_STREAMS_DIV) & ~(uint64_t)(vp->gran - 1);
+        if (vp->several && vp->allowance > most) vp->allowance = most;
         LOG(vp, GPUMEM_LOG_DEBUG,
             "device %d: %u idle-chunk moves in %llu allocations: new memory may now go %llu MiB past the live peak",
-            vp->dev, vp->raise_moves, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
+            vp->dev, per_raise, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
       } else {
         LOG(vp, GPUMEM_LOG_DEBUG,
             "device %d: %u idle-chunk moves in %llu allocations: rare enough, new memory stays within %llu MiB "
             "past the live peak",
-            vp->dev, vp->raise_moves, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
+            vp->dev, per_raise, (unsigned long long)allocs, (unsigned long long)(vp->allowance >> 20));
       }
     }
     /* a spare chunk that fits */
@@ -901,10 +902,10 @@ gpumem_status gpumem__vm_unlend(gpumem__vmspace *vs, uintptr_t addr, size_t size
 }
 
 void gpumem__vm_several_streams(gpumem__vmpool *vp, int several) {
-  vp->raise_moves = several ? MOVES_PER_RAISE_STREAMS : MOVES_PER_RAISE;
+  vp->several = several != 0;
   if (several)
     LOG(vp, GPUMEM_LOG_DEBUG, "device %d: several streams: the allowance above the live peak rises every %u moves",
-        vp->dev, vp->raise_moves);
+        vp->dev, (unsigned)MOVES_PER_RAISE_STREAMS);
 }
 
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp) {
