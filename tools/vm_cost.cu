@@ -43,15 +43,10 @@ int main(int argc, char **argv) {
   const size_t chunk_mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 8;
   const double spin_ms = argc > 2 ? std::atof(argv[2]) : 20.0;
   const int REPS = 15;
-  if (cudaFree(nullptr) != cudaSuccess) {
-    std::fprintf(stderr, "vm_cost: no CUDA device\n");
-    return 2;
-  }
-  CUdevice dev;
-  CK(cuCtxGetDevice(&dev));
-  CUmemAllocationProp prop;
-  CUmemAccessDesc acc;
-  device_chunk(dev, &prop, &acc);
+  Probe p;
+  if (!probe_open("vm_cost", &p)) return 2;
+  const CUmemAllocationProp &prop = p.prop;
+  const CUmemAccessDesc &acc = p.acc;
   size_t gran = 0;
   CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   const size_t sz = ((chunk_mib << 20) + gran - 1) / gran * gran;

@@ -36,26 +36,18 @@ struct Mapped {
   std::vector<CUmemGenericAllocationHandle> h;
 };
 
-static Mapped map_range(const CUmemAllocationProp &prop, const CUmemAccessDesc &acc, size_t size, size_t chunk) {
+static Mapped map_range(const Probe &p, size_t size, size_t chunk) {
   Mapped m;
   m.size = size;
   m.chunk = chunk;
   CK(cuMemAddressReserve(&m.va, size, 0, 0, 0));
-  for (size_t off = 0; off < size; off += chunk) {
-    CUmemGenericAllocationHandle h;
-    CK(cuMemCreate(&h, chunk, &prop, 0));
-    CK(cuMemMap(m.va + off, chunk, 0, h, 0));
-    CK(cuMemSetAccess(m.va + off, chunk, &acc, 1));
-    m.h.push_back(h);
-  }
+  m.h.resize(size / chunk);
+  map_chunks(p, m.va, chunk, m.h);
   return m;
 }
 
 static void unmap_range(Mapped &m) {
-  for (size_t i = 0; i < m.h.size(); i++) {
-    CK(cuMemUnmap(m.va + i * m.chunk, m.chunk));
-    CK(cuMemRelease(m.h[i]));
-  }
+  unmap_chunks(m.va, m.chunk, m.h);
   CK(cuMemAddressFree(m.va, m.size));
 }
 
@@ -63,17 +55,14 @@ int main(int argc, char **argv) {
   const size_t buf_mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 2048;
   const int launches = argc > 2 ? std::atoi(argv[2]) : 40;
   const size_t chunk_mib = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 8;
-  if (cudaFree(nullptr) != cudaSuccess) {
-    std::fprintf(stderr, "vm_gpu_cost: no CUDA device\n");
+  if (buf_mib == 0 || buf_mib % 128 != 0 || launches < 1 || chunk_mib == 0 || chunk_mib % 2 != 0) {
+    std::fprintf(stderr, "vm_gpu_cost: BUF_MIB a multiple of 128, LAUNCHES >= 1, CHUNK_MIB a multiple of 2\n");
     return 2;
   }
-  CUdevice dev;
-  CK(cuCtxGetDevice(&dev));
-  CUmemAllocationProp prop;
-  CUmemAccessDesc acc;
-  device_chunk(dev, &prop, &acc);
+  Probe p;
+  if (!probe_open("vm_gpu_cost", &p)) return 2;
   const size_t half = (buf_mib << 20) / 2;
-  Mapped buf = map_range(prop, acc, 2 * half, (size_t)64 << 20);
+  Mapped buf = map_range(p, 2 * half, (size_t)64 << 20);
   const float *in = (const float *)(uintptr_t)buf.va;
   float *out = (float *)(uintptr_t)(buf.va + half);
   const size_t n = half / sizeof(float);
@@ -84,11 +73,7 @@ int main(int argc, char **argv) {
   CK(cuMemAddressReserve(&mv[0], chunk * K, 0, 0, 0));
   CK(cuMemAddressReserve(&mv[1], chunk * K, 0, 0, 0));
   std::vector<CUmemGenericAllocationHandle> mh(K);
-  for (int i = 0; i < K; i++) {
-    CK(cuMemCreate(&mh[i], chunk, &prop, 0));
-    CK(cuMemMap(mv[0] + i * chunk, chunk, 0, mh[i], 0));
-    CK(cuMemSetAccess(mv[0] + i * chunk, chunk, &acc, 1));
-  }
+  map_chunks(p, mv[0], chunk, mh);
   int side = 0, next = 0;
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -115,7 +100,7 @@ int main(int argc, char **argv) {
           /* one move: chunk `next` from side to the other side */
           CK(cuMemUnmap(mv[side] + next * chunk, chunk));
           CK(cuMemMap(mv[1 - side] + next * chunk, chunk, 0, mh[next], 0));
-          CK(cuMemSetAccess(mv[1 - side] + next * chunk, chunk, &acc, 1));
+          CK(cuMemSetAccess(mv[1 - side] + next * chunk, chunk, &p.acc, 1));
           moves++;
           if (++next == K) {
             next = 0;

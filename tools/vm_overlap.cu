@@ -22,83 +22,56 @@
 
 #include "vm_probe.h"
 
-struct Space {
-  CUdevice dev;
-  size_t chunk;
-  CUmemAllocationProp prop;
-  CUmemAccessDesc acc;
-};
-
-static void map_all(const Space &s, CUdeviceptr base, std::vector<CUmemGenericAllocationHandle> &h) {
-  for (size_t i = 0; i < h.size(); i++) {
-    CK(cuMemCreate(&h[i], s.chunk, &s.prop, 0));
-    CK(cuMemMap(base + i * s.chunk, s.chunk, 0, h[i], 0));
-    CK(cuMemSetAccess(base + i * s.chunk, s.chunk, &s.acc, 1));
-  }
-}
-
-static void unmap_all(const Space &s, CUdeviceptr base, std::vector<CUmemGenericAllocationHandle> &h) {
-  for (size_t i = 0; i < h.size(); i++) {
-    CK(cuMemUnmap(base + i * s.chunk, s.chunk));
-    CK(cuMemRelease(h[i]));
-  }
-}
-
 int main(int argc, char **argv) {
   const size_t n = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 64;
   const size_t mib = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 8;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 9;
-  CK(cuInit(0));
-  Space s;
-  CK(cuDeviceGet(&s.dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, s.dev));
-  CK(cuCtxSetCurrent(ctx));
-  s.chunk = mib << 20;
-  device_chunk(s.dev, &s.prop, &s.acc);
+  Probe p;
+  if (!probe_open("vm_overlap", &p)) return 2;
+  const size_t chunk = mib << 20;
   size_t gran = 0;
-  CK(cuMemGetAllocationGranularity(&gran, &s.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  if (s.chunk % gran != 0) {
+  CK(cuMemGetAllocationGranularity(&gran, &p.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  if (chunk % gran != 0) {
     std::fprintf(stderr, "chunk of %zu MiB is not a multiple of the granularity %zu\n", mib, gran);
     return 2;
   }
   CUdeviceptr a = 0, b = 0;
-  CK(cuMemAddressReserve(&a, n * s.chunk, 0, 0, 0));
-  CK(cuMemAddressReserve(&b, n * s.chunk, 0, 0, 0));
+  CK(cuMemAddressReserve(&a, n * chunk, 0, 0, 0));
+  CK(cuMemAddressReserve(&b, n * chunk, 0, 0, 0));
   std::vector<CUmemGenericAllocationHandle> ha(n), hb(n);
   std::vector<double> t_map, t_unmap, t_main, t_wall;
-  map_all(s, a, ha); /* warm-up */
-  unmap_all(s, a, ha);
+  map_chunks(p, a, chunk, ha); /* warm-up */
+  unmap_chunks(a, chunk, ha);
   for (int r = 0; r < rounds; r++) {
     /* alone */
-    map_all(s, a, ha);
+    map_chunks(p, a, chunk, ha);
     double t0 = now_us();
-    map_all(s, b, hb);
+    map_chunks(p, b, chunk, hb);
     t_map.push_back((now_us() - t0) / n);
     t0 = now_us();
-    unmap_all(s, a, ha);
+    unmap_chunks(a, chunk, ha);
     t_unmap.push_back((now_us() - t0) / n);
-    unmap_all(s, b, hb);
+    unmap_chunks(b, chunk, hb);
     /* side by side */
-    map_all(s, a, ha);
+    map_chunks(p, a, chunk, ha);
     t0 = now_us();
     std::thread w([&] {
-      CK(cuCtxSetCurrent(ctx));
-      unmap_all(s, a, ha);
+      CK(cuCtxSetCurrent(p.ctx));
+      unmap_chunks(a, chunk, ha);
     });
-    map_all(s, b, hb);
+    map_chunks(p, b, chunk, hb);
     t_main.push_back((now_us() - t0) / n);
     w.join();
     t_wall.push_back((now_us() - t0) / n);
-    unmap_all(s, b, hb);
+    unmap_chunks(b, chunk, hb);
   }
   std::printf("vm_overlap: %zu chunks of %zu MiB, %d rounds, us per chunk (median)\n", n, mib, rounds);
   std::printf("alone:        create+map+access %.1f, unmap+release %.1f, sum %.1f\n", median(t_map),
               median(t_unmap), median(t_map) + median(t_unmap));
   std::printf("side by side: main thread's create+map+access %.1f, both threads done %.1f\n", median(t_main),
               median(t_wall));
-  CK(cuMemAddressFree(a, n * s.chunk));
-  CK(cuMemAddressFree(b, n * s.chunk));
-  CK(cuDevicePrimaryCtxRelease(s.dev));
+  CK(cuMemAddressFree(a, n * chunk));
+  CK(cuMemAddressFree(b, n * chunk));
+  CK(cuDevicePrimaryCtxRelease(p.dev));
   return 0;
 }

@@ -1,7 +1,10 @@
-// Helpers of the standalone driver probes (vm_cost.cu, vm_overlap.cu): measurement programs,
-// not library code. CK(x): a CUDA driver call that must succeed (else the call and the driver's
-// error are printed and the program exits with status 2); now_us(): a steady clock; median();
-// device_chunk(): the allocation properties and access descriptor of plain device memory.
+// Helpers of the standalone driver probes (vm_cost.cu, vm_overlap.cu, vm_gpu_cost.cu): measurement
+// programs, not library code. CK(x): a CUDA driver call that must succeed (else the call and the
+// driver's error are printed and the program exits with status 2); now_us(): a steady clock;
+// median(); probe_open(): device 0's primary context made current (the runtime, where a probe uses
+// it, takes the same one) and the allocation properties and access descriptor of plain device
+// memory; map_chunks() / unmap_chunks(): chunks created, mapped side by side and made accessible,
+// and unmapped and released, one call of each per chunk as the pool makes them.
 #ifndef GPUMEM_TOOLS_VM_PROBE_H
 #define GPUMEM_TOOLS_VM_PROBE_H
 #include <cuda.h>
@@ -33,14 +36,47 @@ static inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-static inline void device_chunk(CUdevice dev, CUmemAllocationProp *prop, CUmemAccessDesc *acc) {
-  *prop = CUmemAllocationProp{};
-  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop->location.id = (int)dev;
-  *acc = CUmemAccessDesc{};
-  acc->location = prop->location;
-  acc->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+struct Probe {
+  CUdevice dev;
+  CUcontext ctx;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc acc;
+};
+
+/* false (and "NAME: no CUDA device" on stderr) where the driver finds no device */
+static inline bool probe_open(const char *name, Probe *p) {
+  int n = 0;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&n) != CUDA_SUCCESS || n == 0) {
+    std::fprintf(stderr, "%s: no CUDA device\n", name);
+    return false;
+  }
+  CK(cuDeviceGet(&p->dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&p->ctx, p->dev));
+  CK(cuCtxSetCurrent(p->ctx));
+  p->prop = CUmemAllocationProp{};
+  p->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->prop.location.id = (int)p->dev;
+  p->acc = CUmemAccessDesc{};
+  p->acc.location = p->prop.location;
+  p->acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return true;
+}
+
+/* h.size() chunks of CHUNK bytes created and mapped at base, base + chunk, ..., each made accessible */
+static inline void map_chunks(const Probe &p, CUdeviceptr base, size_t chunk, std::vector<CUmemGenericAllocationHandle> &h) {
+  for (size_t i = 0; i < h.size(); i++) {
+    CK(cuMemCreate(&h[i], chunk, &p.prop, 0));
+    CK(cuMemMap(base + i * chunk, chunk, 0, h[i], 0));
+    CK(cuMemSetAccess(base + i * chunk, chunk, &p.acc, 1));
+  }
+}
+
+static inline void unmap_chunks(CUdeviceptr base, size_t chunk, std::vector<CUmemGenericAllocationHandle> &h) {
+  for (size_t i = 0; i < h.size(); i++) {
+    CK(cuMemUnmap(base + i * chunk, chunk));
+    CK(cuMemRelease(h[i]));
+  }
 }
 
 #endif
