@@ -62,7 +62,7 @@ extern "C" {
   XX(ERR_OUT_OF_MEMORY, 4, "the device is out of memory, even after trimming cached memory and retrying") \
   XX(ERR_LIMIT_EXCEEDED, 5, "the request would pass the configured memory limit of the device")       \
   XX(ERR_BUSY, 6, "the object still has live allocations")                                            \
-  XX(ERR_NO_BACKEND, 7, "no usable backend: the requested backend is not built or has no device or driver") \
+  XX(ERR_NO_BACKEND, 7, "no usable backend: the requested backend is not built or has no device or driver, or the driver is unloading (a call at process exit)") \
   XX(ERR_BACKEND, 8, "the backend (CUDA, HIP, ...) reported an error; see gpumem_last_backend_error()") \
   XX(ERR_NOT_SUPPORTED, 9, "the operation is not supported by this backend or build")                 \
   XX(ERR_INTERNAL, 10, "internal error: an invariant of the library was violated")

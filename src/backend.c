@@ -76,8 +76,14 @@ static gpumem_status fail(gpumem_context *ctx, const char *what, int dev, int co
   gpumem_status st = map_code(&ctx->be, code);
   const char *msg = code_string(&ctx->be, code);
   set_last_backend_error(ctx, code, msg);
-  /* out-of-memory is handled by the pool (trim and retry), so it is only a debug line here */
-  gpumem__log(&ctx->opt.log, st == GPUMEM_ERR_OUT_OF_MEMORY ? GPUMEM_LOG_DEBUG : GPUMEM_LOG_ERROR,
+  /* Out-of-memory is handled by the pool (trim and retry): a debug line. No backend (the driver
+   * gone or unloading) is what a process meets at exit when the CUDA runtime unloads before the
+   * application's last calls (PyTorch frees its tensors at interpreter exit): the call returns
+   * the status and nothing is lost, so it is an info line, not an error printed at every exit. */
+  gpumem__log(&ctx->opt.log,
+              st == GPUMEM_ERR_OUT_OF_MEMORY ? GPUMEM_LOG_DEBUG
+              : st == GPUMEM_ERR_NO_BACKEND  ? GPUMEM_LOG_INFO
+                                             : GPUMEM_LOG_ERROR,
               "backend %s: %s (device %d) failed: %s (code %d, %s)", ctx->be_name, what, dev, msg, code,
               gpumem_status_name(st));
   return st;

@@ -118,12 +118,49 @@ static void test_gpumem_log_env_with_callback(void **state) {
   tu_log_free(log);
 }
 
+/* A backend call failing with "no backend" (the driver unloading: calls PyTorch makes at interpreter
+ * exit, after the CUDA runtime has gone) returns the status without a warn or error line; another
+ * backend error is still an error line. */
+static void test_no_backend_is_quiet(void **state) {
+  (void)state;
+  tu_log *log = tu_log_new();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  tu_log_install(&cfg, log, GPUMEM_LOG_DEBUG);
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *p = NULL;
+  assert_status(gpumem_alloc(ctx, 0, TU_MiB, NULL, &p), GPUMEM_OK);
+  gpumem_device_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  assert_status(gpumem_device_get_info(ctx, 0, &info), GPUMEM_OK); /* its fixed part asked once, kept */
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_INFO, 1, GPUMEM_SIM_ERR_NO_DEVICE, 1), GPUMEM_OK);
+  assert_status(gpumem_device_get_info(ctx, 0, &info), GPUMEM_ERR_NO_BACKEND);
+  int code = 0;
+  const char *msg = NULL;
+  assert_status(gpumem_last_backend_error(ctx, &code, &msg), GPUMEM_OK);
+  assert_int_equal(code, GPUMEM_SIM_ERR_NO_DEVICE);
+  assert_int_equal(log->per_level[GPUMEM_LOG_WARN] + log->per_level[GPUMEM_LOG_ERROR], 0);
+  assert_true(tu_log_count_matching(log, "mem_get_info", NULL) >= 1);
+  /* the allocation is untouched and is freed */
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  gpumem_sim_fail_clear();
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_INFO, 1, GPUMEM_SIM_ERR_INJECTED, 0), GPUMEM_OK);
+  assert_status(gpumem_device_get_info(ctx, 0, &info), GPUMEM_ERR_BACKEND);
+  assert_int_equal(log->per_level[GPUMEM_LOG_ERROR], 1);
+  gpumem_sim_fail_clear();
+  assert_status(gpumem_device_get_info(ctx, 0, &info), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  tu_log_free(log);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_callback_levels),
       TU_TEST(test_silent_by_default),
       TU_TEST(test_gpumem_log_env_prints),
       TU_TEST(test_gpumem_log_env_with_callback),
+      TU_TEST(test_no_backend_is_quiet),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

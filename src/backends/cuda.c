@@ -302,6 +302,7 @@ static gpumem_status gb_error_status(int code) {
   case cudaErrorSystemNotReady:
   case cudaErrorSystemDriverMismatch:
   case cudaErrorCompatNotSupportedOnDevice:
+  case cudaErrorCudartUnloading: /* = CUDA_ERROR_DEINITIALIZED: the process is exiting */
     return GPUMEM_ERR_NO_BACKEND;
   case cudaErrorInvalidDevice:
     return GPUMEM_ERR_INVALID_DEVICE;

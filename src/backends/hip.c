@@ -86,6 +86,7 @@ static gpumem_status gb_error_status(int code) {
   case hipErrorInsufficientDriver:
   case hipErrorNotInitialized:
   case hipErrorNoBinaryForGpu:
+  case hipErrorDeinitialized: /* the runtime unloading: the process is exiting */
     return GPUMEM_ERR_NO_BACKEND;
   case hipErrorInvalidDevice:
     return GPUMEM_ERR_INVALID_DEVICE;

@@ -99,7 +99,7 @@ class BusyError(GpumemError):
 
 
 class NoBackendError(GpumemError):
-    """GPUMEM_ERR_NO_BACKEND: the backend is not built or has no device or driver."""
+    """GPUMEM_ERR_NO_BACKEND: the backend is not built or has no device or driver, or the driver is unloading (a call at process exit)."""
 
     STATUS = 7
 
