@@ -527,6 +527,33 @@ gpumem_status gpumem__vm_clear(gpumem__pool *p) {
 /* The allocation path in expandable mode. The block comes from the cache
  * as in plain mode (this stream's free blocks, then READY; the segment's
  * READY tail always fits); then its unmapped granules get chunks. */
+/* Growth waits. Before it grows past its reserved peak, a pool may wait for the device (below) so
+ * that blocks still in use there become READY and coalesce. The wait stalls the host until the
+ * device catches up: nothing when the device keeps up, the whole queue when it runs behind (a GPU
+ * 30 ms behind, waiting once a step, made PyTorch steps 12-19 % slower on the H200, run 62). So the
+ * waits may stall the host at most a 32nd of each second; past that the pool lends its stream's
+ * pending chunks or grows instead, and growth happens once where the waits would come every step. */
+#define GWAIT_WINDOW_NS 1000000000ull
+#define GWAIT_SHARE 32
+
+static int gwait_allowed(gpumem__pool *p, uint64_t now) {
+  if (now - p->gwait_win >= GWAIT_WINDOW_NS) {
+    p->gwait_win = now;
+    p->gwait_ns = 0;
+  }
+  return p->gwait_ns * GWAIT_SHARE < GWAIT_WINDOW_NS;
+}
+
+static void gwait_spent(gpumem__pool *p, uint64_t t0) {
+  uint64_t t1 = gpumem__mono_ns();
+  p->gwait_ns += t1 - t0;
+  if (!gwait_allowed(p, t1))
+    LOG(p, GPUMEM_LOG_DEBUG,
+        "device %d: waits for the device before growing stalled the host %.1f ms this second: no more until "
+        "the second ends (the pool lends or grows instead)",
+        p->device, (double)p->gwait_ns / 1e6);
+}
+
 gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpumem_stream stream,
                                      gpumem__block **out) {
   solo_note(p, stream);
@@ -603,7 +630,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
     }
     size_t avail = gpumem__vm_available(p->vm);
     if (b != NULL && !synced && need > avail && p->ctx->has_events && p->scount == 1 && r != NULL &&
-        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && gpumem__pool_pending_blocks(p)) {
+        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && gpumem__pool_pending_blocks(p) &&
+        gwait_allowed(p, gpumem__mono_ns())) {
       /* One stream (the training-loop case), growing past the peak while
        * blocks it freed may still be in use on the device (a GPU running
        * behind the host): their chunks cannot be moved and their space is
@@ -617,7 +645,9 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
        * coalesced already: moving their idle chunks waits for the stream in
        * vm_guard, not here.) */
       synced = 1;
+      uint64_t t0 = gpumem__mono_ns();
       gpumem__sync_all(p);
+      gwait_spent(p, t0);
       r = srec_find(p, stream);
       clean_only = p->quarantine && stream != p->solo_s;
       goto search;
@@ -625,14 +655,17 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
     uint64_t own = 0; /* (bytes of this stream's frees in flight, when it is worth asking) */
     if (b != NULL && !synced && need > avail && p->scount > 1 && r != NULL && r->batches != NULL &&
         p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak &&
-        (own = gpumem__srec_pending_bytes(r)) >= (uint64_t)(need - avail) * g) {
+        (own = gpumem__srec_pending_bytes(r)) >= (uint64_t)(need - avail) * g && gwait_allowed(p, gpumem__mono_ns())) {
       /* Several streams, growing past the peak by no more than this stream's own frees still in
        * flight hold: wait for this stream (one event, not the device: other streams' work may be
        * long) so that they become READY and their chunks can move here. Waiting when they hold less
        * saved less than it cost in moves: replays with the device 64-256 events behind,
        * docs/internals/HOT-PATH.md. A steady state that does not grow never waits. */
       synced = 1;
-      if (gpumem__sync_stream(p, r)) {
+      uint64_t t0 = gpumem__mono_ns();
+      int waited = gpumem__sync_stream(p, r);
+      gwait_spent(p, t0);
+      if (waited) {
         LOG(p, GPUMEM_LOG_DEBUG,
             "device %d: waited for stream %p before growing past the reserved peak: %.1f MiB it freed were "
             "still in use on the device",

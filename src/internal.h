@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "gpumem.h"
 #include "gpumem/backend.h"
@@ -319,6 +320,13 @@ struct gpumem_context {
 };
 
 /** 1 while a stream is routed to a graph pool (graph.c): no device synchronisation or backend free now. */
+/* A monotonic clock in nanoseconds, for the policies that weigh time (pressure, growth waits). */
+static inline uint64_t gpumem__mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static inline int gpumem__capturing(const gpumem_context *ctx) {
   return atomic_load_explicit(&((gpumem_context *)ctx)->nroutes, memory_order_acquire) > 0;
 }

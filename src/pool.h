@@ -173,6 +173,8 @@ struct gpumem__pool {
   gpumem__fidx *ffree;
   gpumem__batch *batch_free;
   uint64_t hungry;             /* misses that wanted other streams' free blocks (see stream_touch) */
+  uint64_t gwait_win, gwait_ns; /* growth waits (expandable.c): this window's start and the host
+                                * time they stalled in it */
   atomic_int tc_keyed;         /* thread caches keyed to this pool (gpumem__pool_tc_keyed) */
   int nogrow;                  /* thread caches of this pool may hold blocks: do not grow, let them flush first */
   int grow_blocked;            /* ... and the call would have grown */

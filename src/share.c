@@ -106,11 +106,7 @@ struct gpumem__pshare {
 /* Answer counters wrap: `a` has reached `seq` when it is at most 2^31 past it (fuzz/ubsan-ignore.txt). */
 static inline int seq_reached(uint32_t a, uint32_t seq) { return (int32_t)(a - seq) >= 0; }
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return gpumem__mono_ns() / 1000000u; }
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, uint32_t timeout_ms) {
   struct timespec ts, *tp = NULL;

@@ -207,19 +207,13 @@ void gpumem__vm_describe(const gpumem__vmpool *vp, uint64_t *partial, uint64_t *
   *allowance = vp->allowance;
 }
 
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void gpumem__vm_pressure(gpumem__vmpool *vp) { vp->fine_until = mono_ns() + FINE_NS; }
+void gpumem__vm_pressure(gpumem__vmpool *vp) { vp->fine_until = gpumem__mono_ns() + FINE_NS; }
 
 /* The largest new chunk now, in granules: one while pressure lasts (FINE_NS). Read only where a
  * chunk is about to be created (a backend call follows). */
 static uint32_t chunk_limit(gpumem__vmpool *vp) {
   if (vp->fine_until == 0) return vp->chunk_max;
-  if (mono_ns() < vp->fine_until) return 1;
+  if (gpumem__mono_ns() < vp->fine_until) return 1;
   vp->fine_until = 0;
   return vp->chunk_max;
 }

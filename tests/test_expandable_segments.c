@@ -5,6 +5,8 @@
  * GPUMEM_EXPANDABLE switch. */
 #include "testutil.h"
 
+#include <time.h>
+
 /* internal (src/internal.h), linked from the static library */
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
 
@@ -726,6 +728,67 @@ static void test_wait_for_own_stream_fails(void **state) {
   own_wait_done(ctx, v, x);
 }
 
+/* A wait that stalls the host: the sim's event wait, 40 ms late (a GPU far behind the host). */
+static gpumem_backend_event_synchronize_fn g_sim_evsync;
+static int slow_event_synchronize(gpumem_backend *be, int device, gpumem_event ev) {
+  struct timespec ts = {0, 40 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  return g_sim_evsync(be, device, ev);
+}
+
+/* The growth waits stall the host at most a 32nd of each second: after one wait of 40 ms, a second
+ * growth in the same second does not wait; the stream's own pending frees lend their chunks to it
+ * (no host stall, no new memory), and the pool's figures stay exact. */
+static void test_wait_budget(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_backend be = *gpumem_builtin_backend("sim");
+  g_sim_evsync = be.event_synchronize;
+  be.event_synchronize = slow_event_synchronize;
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.custom_backend = &be;
+  g_wait_log = tu_log_new();
+  tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
+  gpumem_context *ctx = vm_ctx(&cfg);
+  gpumem_sim_set_delayed(1);
+  void *t = NULL, *v[8] = {0}, *x = NULL, *y = NULL;
+  assert_status(gpumem_alloc(ctx, 0, GRAN, SB, &t), GPUMEM_OK);
+  for (int i = 0; i < 8; i++) assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SA, &v[i]), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, t, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, v[0], SA), GPUMEM_OK); /* two holes of 32 MiB, SA's work may use them */
+  assert_status(gpumem_free(ctx, v[2], SA), GPUMEM_OK);
+  /* the first growth waits (40 ms, more than a 32nd of a second) and reuses the holes */
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SA, &x), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_int_equal(tu_log_count_matching(g_wait_log, "waited for stream", NULL), 1);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes);
+  assert_int_equal(tu_log_count_matching(g_wait_log, "stalled the host", NULL), 1);
+  /* two more holes: this growth, within the same second, does not wait */
+  assert_status(gpumem_free(ctx, v[4], SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, v[6], SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SA, &y), GPUMEM_OK);
+  gpumem_stats s2 = tu_stats(ctx, 0);
+  assert_int_equal(tu_log_count_matching(g_wait_log, "waited for stream", NULL), 1);
+  assert_true(s2.reserved_bytes == s1.reserved_bytes); /* their chunks lent, not waited for */
+  assert_int_equal(tu_log_count_matching(g_wait_log, "own pending frees mapped again", NULL), 2);
+  assert_true(s2.allocated_bytes == s1.allocated_bytes && s2.num_live == s1.num_live - 1); /* y for v4 and v6 */
+  tu_stamp(x, 64 * TU_MiB, 0x9);
+  tu_stamp(y, 64 * TU_MiB, 0xa);
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, y, SA), GPUMEM_OK);
+  for (int i = 1; i < 8; i += 2) assert_status(gpumem_free(ctx, v[i], SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_set_delayed(0);
+  tu_ctx_done(ctx);
+  tu_log_free(g_wait_log);
+  g_wait_log = NULL;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
@@ -735,6 +798,7 @@ int main(void) {
       TU_TEST(test_huge_block_chunks), TU_TEST(test_window_inside_free_block),
       TU_TEST(test_extend_own_free_block), TU_TEST(test_extend_backend_failure), TU_TEST(test_wait_for_own_stream),
       TU_TEST(test_wait_for_own_stream_fails),
+      TU_TEST(test_wait_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
