@@ -339,6 +339,15 @@ gpumem_status gpumem__be_vm_unmap(gpumem_context *ctx, int dev, void *va, size_t
 /* ---------------------------------------------------------------------- */
 /* Stream capture (graphs)                                                 */
 
+int gpumem__be_has_stream_wait(const gpumem_context *ctx) {
+  return ctx->be.version >= 4 && ctx->has_events && ctx->be.stream_wait_event != NULL;
+}
+
+gpumem_status gpumem__be_stream_wait_event(gpumem_context *ctx, int dev, gpumem_stream s, gpumem_event ev) {
+  if (!gpumem__be_has_stream_wait(ctx)) return GPUMEM_ERR_NOT_SUPPORTED;
+  GPUMEM__CALL(ctx, "stream_wait_event", dev, ctx->be.stream_wait_event(&ctx->be, dev, s, ev));
+}
+
 int gpumem__be_has_capture(const gpumem_context *ctx) {
   return ctx->be.version >= 3 && ctx->be.stream_capture != NULL;
 }

@@ -141,6 +141,9 @@ gpumem_status gpumem__be_event_destroy(gpumem_context *ctx, int dev, gpumem_even
 gpumem_status gpumem__be_event_record(gpumem_context *ctx, int dev, gpumem_event ev, gpumem_stream s);
 gpumem_status gpumem__be_event_query(gpumem_context *ctx, int dev, gpumem_event ev, int *complete);
 gpumem_status gpumem__be_event_synchronize(gpumem_context *ctx, int dev, gpumem_event ev);
+/* version-4 backends with events: the work queued on s after the call waits on the device for ev */
+int gpumem__be_has_stream_wait(const gpumem_context *ctx);
+gpumem_status gpumem__be_stream_wait_event(gpumem_context *ctx, int dev, gpumem_stream s, gpumem_event ev);
 gpumem_status gpumem__be_device_synchronize(gpumem_context *ctx, int dev);
 gpumem_status gpumem__be_device_reset(gpumem_context *ctx, int dev);
 /** 1 when the backend has both version-2 annotation methods (after its init). */

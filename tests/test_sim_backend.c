@@ -664,6 +664,74 @@ static void test_events_delayed(void **state) {
   assert_int_equal(be.event_destroy(&be, 1, d1), 0);
 }
 
+/* stream_wait_event: B's later work waits for A's event, so B's completion completes A up to the
+ * event (and no further); a complete event, one of the same stream, and bad arguments. */
+static void test_stream_wait_event(void **state) {
+  (void)state;
+  gpumem_stream A = (gpumem_stream)(uintptr_t)0xA000, B = (gpumem_stream)(uintptr_t)0xB000;
+  gpumem_sim_set_delayed(1);
+  assert_int_equal(sim_up("2x1GiB", NULL), 0);
+  assert_true(be.version >= 4 && be.stream_wait_event != NULL);
+  gpumem_event ea, ea2, eb, d1;
+  assert_int_equal(be.event_create(&be, 0, &ea), 0);
+  assert_int_equal(be.event_create(&be, 0, &ea2), 0);
+  assert_int_equal(be.event_create(&be, 0, &eb), 0);
+  assert_int_equal(be.event_create(&be, 1, &d1), 0);
+  assert_int_equal(be.event_record(&be, 0, ea, A), 0);
+  assert_int_equal(be.stream_wait_event(&be, 0, B, ea), 0);
+  assert_int_equal(be.event_record(&be, 0, ea2, A), 0); /* after the wait: not waited for */
+  assert_int_equal(be.event_record(&be, 0, eb, B), 0);
+  assert_false(done(0, ea));
+  gpumem_sim_stream_complete(0, B);
+  assert_true(done(0, eb));
+  assert_true(done(0, ea));
+  assert_false(done(0, ea2));
+  /* the same through event_synchronize and stream_synchronize */
+  assert_int_equal(be.event_record(&be, 0, ea, A), 0);
+  assert_int_equal(be.stream_wait_event(&be, 0, B, ea), 0);
+  assert_int_equal(be.event_record(&be, 0, ea2, A), 0);
+  assert_int_equal(be.event_record(&be, 0, eb, B), 0);
+  assert_int_equal(be.event_synchronize(&be, 0, eb), 0);
+  assert_true(done(0, ea));
+  assert_false(done(0, ea2));
+  assert_int_equal(be.event_record(&be, 0, ea, A), 0);
+  assert_int_equal(be.stream_wait_event(&be, 0, NULL, ea), 0);
+  assert_int_equal(be.stream_synchronize(&be, 0, NULL), 0);
+  assert_true(done(0, ea));
+  /* chains: B waits for A, the default stream for B */
+  assert_int_equal(be.event_record(&be, 0, ea, A), 0);
+  assert_int_equal(be.stream_wait_event(&be, 0, B, ea), 0);
+  assert_int_equal(be.event_record(&be, 0, eb, B), 0);
+  assert_int_equal(be.stream_wait_event(&be, 0, NULL, eb), 0);
+  gpumem_sim_stream_complete(0, NULL);
+  assert_true(done(0, eb));
+  assert_true(done(0, ea));
+  /* a complete event, or one of the same stream: nothing to wait for */
+  assert_int_equal(be.stream_wait_event(&be, 0, B, ea), 0);
+  assert_int_equal(be.event_record(&be, 0, ea, A), 0);
+  assert_int_equal(be.stream_wait_event(&be, 0, A, ea), 0);
+  assert_false(done(0, ea));
+  /* bad arguments: an event of another device, no event, a bad device */
+  assert_int_equal(be.stream_wait_event(&be, 0, B, d1), GPUMEM_SIM_ERR_INVALID_VALUE);
+  assert_int_equal(be.stream_wait_event(&be, 0, B, NULL), GPUMEM_SIM_ERR_INVALID_VALUE);
+  assert_int_equal(be.stream_wait_event(&be, 7, B, ea), GPUMEM_SIM_ERR_INVALID_DEVICE);
+  /* an injected fault */
+  assert_int_equal(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 1, GPUMEM_SIM_ERR_INJECTED, 0), GPUMEM_OK);
+  assert_int_equal(be.stream_wait_event(&be, 0, B, ea), GPUMEM_SIM_ERR_INJECTED);
+  gpumem_sim_fail_clear();
+  /* a capturing stream may not wait for an event from outside its capture: it is invalidated */
+  assert_int_equal(gpumem_sim_stream_begin_capture(0, B, GPUMEM_SIM_CAPTURE_GLOBAL), GPUMEM_OK);
+  assert_int_equal(be.stream_wait_event(&be, 0, B, ea), GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED);
+  int inv = 0;
+  assert_int_equal(gpumem_sim_stream_end_capture(0, B, &inv), GPUMEM_OK);
+  assert_true(inv);
+  gpumem_sim_complete_all();
+  gpumem_event all[] = {ea, ea2, eb};
+  for (int i = 0; i < 3; i++) assert_int_equal(be.event_destroy(&be, 0, all[i]), 0);
+  assert_int_equal(be.event_destroy(&be, 1, d1), 0);
+  gpumem_sim_set_delayed(0);
+}
+
 /* Clocked delayed mode: records carry the clock; complete_before completes those made before a
  * clock, per stream in order; a stream keeps at most 1024 records pending; delayed mode off ends it. */
 static void test_events_clocked(void **state) {
@@ -1076,6 +1144,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_external_usage, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_immediate, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_delayed, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_stream_wait_event, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_clocked, setup, teardown),
     cmocka_unit_test_setup_teardown(test_device_reset, setup, teardown),
     cmocka_unit_test_setup_teardown(test_vm_roundtrip, setup, teardown),

@@ -358,7 +358,7 @@ static void test_builtin_vtable(void **state) {
   const gpumem_backend *b = gpumem_builtin_backend("sim");
   assert_non_null(b);
   assert_int_equal(b->version, GPUMEM_BACKEND_VERSION);
-  assert_int_equal(GPUMEM_BACKEND_VERSION, 3);
+  assert_int_equal(GPUMEM_BACKEND_VERSION, 4);
   assert_ptr_equal(b->stream_capture, be.stream_capture);
 }
 

@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 /** \brief The vtable version this header describes. */
-#define GPUMEM_BACKEND_VERSION 3
+#define GPUMEM_BACKEND_VERSION 4
 
 /** \brief An event handle (cudaEvent_t, hipEvent_t, or the backend's own). */
 typedef void *gpumem_event;
@@ -186,7 +186,19 @@ typedef int (*gpumem_backend_stream_capture_fn)(gpumem_backend *be, int device, 
                                                 uint64_t *capture_id);
 
 /**
- * \brief A backend: data members first, then methods (version 1, then version 2, then version 3).
+ * \brief `int stream_wait_event(gpumem_backend *be, int device, gpumem_stream stream, gpumem_event ev)`:
+ * make the work queued on `stream` after this call wait, on the device, for the work before `ev`'s
+ * last record (cudaStreamWaitEvent / hipStreamWaitEvent); the host does not wait. Optional
+ * (version 4; NULL = no stream dependencies): with it, a stream about to grow the pool past its peak
+ * may take memory another stream freed and the device has not reached yet, ordered after that
+ * stream's work instead of waited for. The core calls it only during a call that named `stream`,
+ * never on a capturing stream, with an event it recorded. Returns 0 or a backend code.
+ */
+typedef int (*gpumem_backend_stream_wait_event_fn)(gpumem_backend *be, int device, gpumem_stream stream,
+                                                   gpumem_event ev);
+
+/**
+ * \brief A backend: data members first, then methods (version 1, then versions 2, 3 and 4).
  */
 struct gpumem_backend {
   uint32_t version;    /**< ::GPUMEM_BACKEND_VERSION the backend was written for (>= 1) */
@@ -231,6 +243,9 @@ struct gpumem_backend {
 
   /* ---- version 3: stream capture (graphs), optional (NULL = no capture) ---- */
   gpumem_backend_stream_capture_fn stream_capture; /**< optional (version 3) */
+
+  /* ---- version 4: stream dependencies, optional (NULL = none) ---- */
+  gpumem_backend_stream_wait_event_fn stream_wait_event; /**< optional (version 4) */
 };
 
 /**

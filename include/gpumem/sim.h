@@ -42,7 +42,7 @@ typedef enum gpumem_sim_error {
 typedef enum gpumem_sim_call {
   GPUMEM_SIM_CALL_MALLOC = 0, /**< malloc and vm_create */
   GPUMEM_SIM_CALL_FREE = 1,   /**< free and vm_destroy */
-  GPUMEM_SIM_CALL_EVENT = 2,  /**< event create/record/query/synchronize */
+  GPUMEM_SIM_CALL_EVENT = 2,  /**< event create/record/query/synchronize, stream_wait_event */
   GPUMEM_SIM_CALL_INFO = 3,   /**< device_info and mem_get_info */
   GPUMEM_SIM_CALL_SYNC = 4,   /**< stream/device synchronize */
   GPUMEM_SIM_CALL_MAP = 5,    /**< vm_reserve, vm_map, vm_unmap */

@@ -800,4 +800,5 @@ const gpumem_backend gpumem__cuda_backend = {
     .annotate_free = cuda_annotate_free,
 #endif
     .stream_capture = gb_stream_capture,
+    .stream_wait_event = gb_stream_wait_event,
 };

@@ -333,6 +333,18 @@ static int gb_stream_synchronize(gpumem_backend *be, int device, gpumem_stream s
   return gb_fail(e);
 }
 
+static int gb_stream_wait_event(gpumem_backend *be, int device, gpumem_stream stream, gpumem_event ev) {
+  gb_scope s;
+  GB_error_t e;
+  int rc;
+  (void)be;
+  rc = gb_open(device, &s, GB_CALLER_MODE);
+  if (rc != 0) return rc;
+  e = GB_(StreamWaitEvent)((GB_stream_t)stream, (GB_event_t)ev, 0);
+  gb_close(&s);
+  return gb_fail(e);
+}
+
 static int gb_device_synchronize(gpumem_backend *be, int device) {
   gb_scope s;
   GB_error_t e;

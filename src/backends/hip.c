@@ -208,4 +208,5 @@ const gpumem_backend gpumem__hip_backend = {
     .vm_map = gb_vm_map,
     .vm_unmap = gb_vm_unmap,
     .stream_capture = gb_stream_capture,
+    .stream_wait_event = gb_stream_wait_event,
 };

@@ -208,6 +208,16 @@ static void sim__map_free(sim_map *m) {
 /* ------------------------------------------------------------------------ */
 /* State                                                                     */
 
+/* A stream's wait on another's event (stream_wait_event): once the waiting stream has completed
+ * its work item `at`, the other stream has completed `target`. */
+#define SIM_DEPS 32
+struct sim_stream;
+typedef struct sim_dep {
+  uint64_t at;
+  struct sim_stream *on;
+  uint64_t target;
+} sim_dep;
+
 typedef struct sim_stream {
   uint64_t submitted; /* work items recorded so far */
   uint64_t completed; /* work items completed */
@@ -217,6 +227,8 @@ typedef struct sim_stream {
   uint64_t cap_nodes; /* work items recorded into the capture */
   uintptr_t cap_thread; /* sim__self() of the thread that began it */
   uint64_t *stamps;   /* clocked mode: the clock at each record, by target modulo SIM_RING (NULL until then) */
+  int ndep;           /* waits on other streams not passed yet, in dep (SIM_DEPS, NULL until the first) */
+  sim_dep *dep;
 } sim_stream;
 
 /* Records per stream whose clock the clocked mode remembers; older ones are complete. */
@@ -762,10 +774,30 @@ static void sim__device_release_memory(sim_device *d) {
 
 static void sim__device_complete(sim_device *d) {
   d->default_stream.completed = d->default_stream.submitted;
+  d->default_stream.ndep = 0;
   for (size_t i = 0; i < d->streams.cap; i++)
     if (d->streams.keys[i]) {
       sim_stream *s = (sim_stream *)d->streams.vals[i];
       s->completed = s->submitted;
+      s->ndep = 0;
+    }
+}
+
+/* s has completed its work up to s->completed: so has every stream it waited on there, up to what
+ * it waited for (the device ran that work first). Lock held. */
+static void sim__pull(sim_stream *s) {
+  if (s->ndep == 0) return;
+  sim_dep fire[SIM_DEPS];
+  int nf = 0, k = 0;
+  for (int i = 0; i < s->ndep; i++) {
+    if (s->completed >= s->dep[i].at) fire[nf++] = s->dep[i];
+    else s->dep[k++] = s->dep[i];
+  }
+  s->ndep = k; /* (before pulling others: a chain may come back to s) */
+  for (int i = 0; i < nf; i++)
+    if (fire[i].on->completed < fire[i].target) {
+      fire[i].on->completed = fire[i].target;
+      sim__pull(fire[i].on);
     }
 }
 
@@ -776,10 +808,12 @@ static void sim__state_free(void) {
     for (size_t j = 0; j < d->streams.cap; j++)
       if (d->streams.keys[j]) {
         free(((sim_stream *)d->streams.vals[j])->stamps);
+        free(((sim_stream *)d->streams.vals[j])->dep);
         free((void *)d->streams.vals[j]);
       }
     sim__map_free(&d->streams);
     free(d->default_stream.stamps);
+    free(d->default_stream.dep);
     d->default_stream.stamps = NULL;
   }
   free(g.dev);
@@ -1181,9 +1215,13 @@ static void sim__stamp(sim_stream *s) {
   if (!g_ctl.clocked) return;
   if (s->stamps == NULL && (s->stamps = calloc(SIM_RING, sizeof *s->stamps)) == NULL) {
     s->completed = s->submitted;
+    sim__pull(s);
     return;
   }
-  if (s->submitted - s->completed > SIM_RING) s->completed = s->submitted - SIM_RING;
+  if (s->submitted - s->completed > SIM_RING) {
+    s->completed = s->submitted - SIM_RING;
+    sim__pull(s);
+  }
   s->stamps[s->submitted % SIM_RING] = g_ctl.clock;
 }
 
@@ -1191,6 +1229,7 @@ static void sim__stamp(sim_stream *s) {
 static void sim__complete_before(sim_stream *s, uint64_t t) {
   while (s->completed < s->submitted && (s->stamps == NULL || s->stamps[(s->completed + 1) % SIM_RING] < t))
     s->completed++;
+  sim__pull(s);
 }
 
 static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpumem_stream stream) {
@@ -1216,6 +1255,7 @@ static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpu
         sim__stamp(s);
       } else {
         s->completed = s->submitted;
+        sim__pull(s);
       }
       e->stream = s;
       e->target = s->submitted;
@@ -1255,7 +1295,52 @@ static int sim_event_synchronize(gpumem_backend *be, int device, gpumem_event ev
     e = NULL;
   }
   if (e && (rc = sim__unsafe(SIM_CALLER_MODE)) != 0) e = NULL;
-  if (e && e->stream && e->stream->completed < e->target) e->stream->completed = e->target;
+  if (e && e->stream && e->stream->completed < e->target) {
+    e->stream->completed = e->target;
+    sim__pull(e->stream);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* The stream's later work waits for the event's: a work item on the stream whose completion
+ * completes the event's stream up to the event (sim__pull). Nothing when the event is complete or
+ * was recorded on the same stream. */
+static int sim_stream_wait_event(gpumem_backend *be, int device, gpumem_stream stream, gpumem_event ev) {
+  (void)be;
+  int rc;
+  pthread_mutex_lock(&g_lock);
+  rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
+  sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e && e->captured) {
+    sim__invalidate_id(e->captured);
+    rc = GPUMEM_SIM_ERR_CAPTURED_EVENT;
+    e = NULL;
+  }
+  if (e && (rc = sim__stream_use(&g.dev[device], stream)) != 0) e = NULL;
+  if (e) {
+    sim_stream *s = sim__stream(&g.dev[device], stream, 1);
+    if (!s) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else if (s->cap_status == GPUMEM_CAPTURE_ACTIVE) {
+      s->cap_status = GPUMEM_CAPTURE_INVALIDATED; /* an event from outside the capture */
+      rc = GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED;
+    } else if (e->stream && e->stream != s && e->stream->completed < e->target) {
+      sim__pull(s);
+      if (s->dep == NULL && (s->dep = calloc(SIM_DEPS, sizeof *s->dep)) == NULL) {
+        rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+      } else if (s->ndep == SIM_DEPS) {
+        rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+      } else {
+        s->submitted++;
+        sim__stamp(s);
+        s->dep[s->ndep].at = s->submitted;
+        s->dep[s->ndep].on = e->stream;
+        s->dep[s->ndep].target = e->target;
+        s->ndep++;
+      }
+    }
+  }
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -1275,7 +1360,10 @@ static int sim_stream_synchronize(gpumem_backend *be, int device, gpumem_stream 
       rc = sim__stream_use(d, stream);
       if (rc == 0) rc = sim__unsafe(SIM_CALLER_MODE);
     }
-    if (rc == 0 && s) s->completed = s->submitted;
+    if (rc == 0 && s) {
+      s->completed = s->submitted;
+      sim__pull(s);
+    }
   }
   pthread_mutex_unlock(&g_lock);
   return rc;
@@ -1675,6 +1763,7 @@ const gpumem_backend gpumem__sim_backend = {
   .annotate_free = sim_annotate_free,
 #endif
   .stream_capture = sim_stream_capture,
+  .stream_wait_event = sim_stream_wait_event,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1748,7 +1837,10 @@ GPUMEM_API void gpumem_sim_stream_complete(int device, gpumem_stream stream) {
   for (int i = 0; i < g.ndev; i++) {
     if (device != -1 && device != i) continue;
     sim_stream *s = sim__stream(&g.dev[i], stream, 0);
-    if (s) s->completed = s->submitted;
+    if (s) {
+      s->completed = s->submitted;
+      sim__pull(s);
+    }
   }
   pthread_mutex_unlock(&g_lock);
 }

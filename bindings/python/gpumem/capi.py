@@ -213,6 +213,7 @@ _BACKEND_METHODS = (
     "vm_granularity", "vm_reserve", "vm_release", "vm_create", "vm_destroy", "vm_map", "vm_unmap",
     "annotate_alloc", "annotate_free",  # version 2
     "stream_capture",  # version 3
+    "stream_wait_event",  # version 4
 )
 
 
