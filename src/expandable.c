@@ -564,7 +564,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
   gpumem__srec *r = p->solo == SOLO_ONE ? p->solo_r : srec_find(p, stream);
   if (r != NULL) r->sweep = p->sweeps; /* named by this call: its free blocks stay its own (gpumem__srec_reap) */
   size_t g = gpumem__vm_granularity(p->vm);
-  int synced = 0;
+  int synced = 0, adopted = 0;
   vm_pick k;
   k.rsize = rsize;
   k.rcls = rcls;
@@ -650,6 +650,26 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       gwait_spent(p, t0);
       r = srec_find(p, stream);
       clean_only = p->quarantine && stream != p->solo_s;
+      goto search;
+    }
+    if (b != NULL && !adopted && need > avail && p->scount > 1 && p->ctx->opt.stream_deps &&
+        gpumem__be_has_stream_wait(p->ctx) &&
+        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && p->npending > 0) {
+      /* With stream_deps (GPUMEM_STREAM_DEPS=1), several streams, growing past the peak while
+       * other streams' frees are pending: this stream takes them, its later work ordered on the
+       * device after theirs (no host wait), and searches again. The device, not the host, pays
+       * where the other stream's work is long; only a growth past the peak asks it, never a steady
+       * state that fits. Off by default: the stream-order contract serves another stream's frees
+       * only once their work has completed. */
+      adopted = 1;
+      gpumem__srec *t = r != NULL ? r : gpumem__srec_get(p, stream);
+      uint64_t got = t != NULL ? gpumem__adopt_pending(p, t, (uint64_t)(need - avail) * g) : 0;
+      if (got > 0)
+        LOG(p, GPUMEM_LOG_DEBUG,
+            "device %d: stream %p took %.1f MiB other streams freed, ordered after their work on the device, "
+            "before growing past the reserved peak",
+            p->device, (void *)stream, (double)got / (double)MiB);
+      r = srec_find(p, stream); /* (the poll may have made blocks READY and merged b: search again) */
       goto search;
     }
     uint64_t own = 0; /* (bytes of this stream's frees in flight, when it is worth asking) */

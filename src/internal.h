@@ -83,6 +83,7 @@ typedef struct gpumem__options {
   char share[64];                /* "user", "off" or a group name (share.c) */
   uint32_t share_wait_ms;
   uint32_t watch_interval_ms;    /* 0: no watcher, no periodic free-memory check */
+  int stream_deps;               /* 1: a growth may take other streams' pending frees (gpumem__adopt_pending) */
 } gpumem__options;
 
 /** Kinds of option value (how the environment string is parsed). */

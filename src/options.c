@@ -47,6 +47,9 @@ static const gpumem__option_desc gpumem__options_tab[] = {
                 "milliseconds an allocation that found no device memory waits for the group's members to give cached memory back"),
     GPUMEM__OPT(watch_interval_ms, "GPUMEM_WATCH_MS", GPUMEM__OPT_MS, "200",
                 "milliseconds between free-memory checks while no pool grows (calls and a watcher thread); 0 = none"),
+    GPUMEM__OPT(stream_deps, "GPUMEM_STREAM_DEPS", GPUMEM__OPT_BOOL, "0",
+                "1: before growing past its peak, a stream may take memory other streams freed that the device has not reached, "
+                "its later work ordered after theirs on the device; 0: only memory whose work has completed"),
 };
 
 const gpumem__option_desc *gpumem__options_table(size_t *count) {
@@ -338,6 +341,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     GPUMEM__TAKE(share);
     GPUMEM__TAKE(share_wait_ms);
     GPUMEM__TAKE(watch_interval_ms);
+    GPUMEM__TAKE(stream_deps);
 #undef GPUMEM__TAKE
   }
 
@@ -382,6 +386,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
   o.oom_user = cfg.oom_user;
   o.flags = cfg.flags;
   o.expandable = cfg.expandable != 0;
+  o.stream_deps = cfg.stream_deps != 0;
   if (parse_share(cfg.share != NULL ? cfg.share : "user", o.share) != 0) {
     gpumem__log(&o.log, GPUMEM_LOG_WARN,
                 "gpumem_config.share \"%.64s\" is invalid: expected user, off, or a group name (letters, digits, "

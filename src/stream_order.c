@@ -225,10 +225,10 @@ gpumem__batch *gpumem__harvest(gpumem__pool *p, gpumem__srec *r, int with_event)
   return b;
 }
 
-/* The batch's event completed: its blocks become READY (coalescing). */
-static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
+/* A batch whose blocks have left (batch_complete, gpumem__adopt_pending) leaves the pool's and its
+ * stream's lists, its event and free set recycled. */
+static void batch_retire(gpumem__pool *p, gpumem__batch *b) {
   gpumem__fidx *f = b->idx;
-  gpumem__drain_to_ready(p, f);
   if (b->prev != NULL) b->prev->next = b->next;
   else p->pending_head = b->next;
   if (b->next != NULL) b->next->prev = b->prev;
@@ -241,6 +241,35 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   gpumem__fidx_recycle(p, f);
   b->next = p->batch_free;
   p->batch_free = b;
+}
+
+/* The batch's event completed: its blocks become READY (coalescing). */
+static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
+  gpumem__drain_to_ready(p, b->idx);
+  batch_retire(p, b);
+}
+
+/* Other streams' pending batches, oldest first, become t's own frees until they hold `want` bytes:
+ * t's later work waits on the device for each batch's event (stream_wait_event), so t may reuse
+ * them in its stream order, and the other streams once t's own event has completed (which comes
+ * after theirs). The host does not wait. Returns the bytes taken; 0 where the backend has no stream
+ * dependencies, during a capture (a capturing stream may not wait for an event from outside it),
+ * or when nothing is pending. */
+uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want) {
+  if (!p->ctx->opt.stream_deps || !gpumem__be_has_stream_wait(p->ctx) || gpumem__capturing(p->ctx) ||
+      p->npending == 0)
+    return 0;
+  gpumem__poll_pending(p); /* what has completed becomes READY without a dependency */
+  uint64_t got = 0;
+  for (gpumem__batch *b = p->pending_head, *n; b != NULL && got < want; b = n) {
+    n = b->next;
+    if (b->srec == t || !b->has_ev) continue;
+    if (gpumem__be_stream_wait_event(p->ctx, p->device, t->stream, b->ev) != GPUMEM_OK) break;
+    got += b->idx->bytes;
+    gpumem__drain_to(p, b->idx, t->idx);
+    batch_retire(p, b);
+  }
+  return got;
 }
 
 /* Wait for the work queued on r's stream up to its latest free, then make every block it freed READY:

@@ -728,6 +728,98 @@ static void test_wait_for_own_stream_fails(void **state) {
   own_wait_done(ctx, v, x);
 }
 
+/* stream_deps: SA frees 64 MiB whose work the device has not run; SB, growing past the peak, takes
+ * it (the same addresses, no new memory), its later work ordered after SA's on the device, so that
+ * SB's completion completes SA's event. Without stream_deps (the default), or when the backend's
+ * stream_wait_event fails, SB gets new memory and SA's block waits for its event. */
+static gpumem_event g_before_free; /* recorded on SA just before its free of x */
+
+static gpumem_context *deps_setup(int deps, void **keep, void **x) {
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.stream_deps = deps;
+  g_wait_log = tu_log_new();
+  tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
+  gpumem_context *ctx = vm_ctx(&cfg);
+  gpumem_sim_set_delayed(1);
+  void *t = NULL;
+  assert_status(gpumem_alloc(ctx, 0, GRAN, SB, &t), GPUMEM_OK); /* a second stream */
+  assert_status(gpumem_free(ctx, t, SB), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SA, x), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 32 * TU_MiB, SA, keep), GPUMEM_OK);
+  tu_stamp(*keep, 32 * TU_MiB, 0x4);
+  gpumem_backend be = *gpumem_builtin_backend("sim");
+  assert_int_equal(be.event_create(&be, 0, &g_before_free), 0);
+  assert_int_equal(be.event_record(&be, 0, g_before_free, SA), 0);
+  assert_status(gpumem_free(ctx, *x, SA), GPUMEM_OK); /* 64 MiB: asks its event at once */
+  return ctx;
+}
+
+static void deps_done(gpumem_context *ctx, void *keep, void *y) {
+  gpumem_backend be = *gpumem_builtin_backend("sim");
+  assert_int_equal(be.event_destroy(&be, 0, g_before_free), 0);
+  assert_true(tu_stamp_ok(keep, 32 * TU_MiB, 0x4));
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, keep, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_set_delayed(0);
+  tu_ctx_done(ctx);
+  tu_log_free(g_wait_log);
+  g_wait_log = NULL;
+}
+
+static void test_stream_deps_take_pending(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  void *keep = NULL, *x = NULL, *y = NULL;
+  gpumem_context *ctx = deps_setup(1, &keep, &x);
+  gpumem_stats s0 = tu_stats(ctx, 0);
+  assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SB, &y), GPUMEM_OK);
+  gpumem_stats s1 = tu_stats(ctx, 0);
+  assert_ptr_equal(y, x);
+  assert_true(s1.reserved_bytes == s0.reserved_bytes && s1.num_backend_allocs == s0.num_backend_allocs);
+  assert_int_equal(tu_log_count_matching(g_wait_log, "took 64.0 MiB other streams freed", NULL), 1);
+  /* SB's work after the take waits for SA's: SB's completion completes SA's */
+  gpumem_event ev = NULL;
+  gpumem_backend be = *gpumem_builtin_backend("sim");
+  assert_int_equal(be.event_create(&be, 0, &ev), 0);
+  assert_int_equal(be.event_record(&be, 0, ev, SA), 0); /* after SA's free */
+  int done = 0;
+  assert_int_equal(be.event_query(&be, 0, g_before_free, &done), 0);
+  assert_false(done);
+  gpumem_sim_stream_complete(0, SB);
+  assert_int_equal(be.event_query(&be, 0, g_before_free, &done), 0);
+  assert_true(done); /* SA's work before the free ran before SB's */
+  assert_int_equal(be.event_query(&be, 0, ev, &done), 0);
+  assert_false(done); /* SA's work after the free is not waited for */
+  tu_stamp(y, 64 * TU_MiB, 0x9);
+  assert_int_equal(be.event_destroy(&be, 0, ev), 0);
+  deps_done(ctx, keep, y);
+}
+
+static void test_stream_deps_off_or_failing(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  for (int k = 0; k < 2; k++) {
+    void *keep = NULL, *x = NULL, *y = NULL;
+    gpumem_context *ctx = deps_setup(k, &keep, &x); /* k 0: off; k 1: on, the wait fails */
+    gpumem_stats s0 = tu_stats(ctx, 0);
+    if (k == 1) assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, 64 * TU_MiB, SB, &y), GPUMEM_OK);
+    gpumem_sim_fail_clear();
+    gpumem_stats s1 = tu_stats(ctx, 0);
+    assert_true((uintptr_t)y >= (uintptr_t)x + 64 * TU_MiB || (uintptr_t)y + 64 * TU_MiB <= (uintptr_t)x);
+    assert_true(s1.reserved_bytes == s0.reserved_bytes + 64 * TU_MiB);
+    assert_true(s1.allocated_bytes == s0.allocated_bytes + 64 * TU_MiB && s1.num_live == s0.num_live + 1);
+    assert_int_equal(tu_log_count_matching(g_wait_log, "other streams freed", NULL), 0);
+    tu_stamp(y, 64 * TU_MiB, 0x9);
+    deps_done(ctx, keep, y);
+  }
+}
+
 /* A wait that stalls the host: the sim's event wait, 40 ms late (a GPU far behind the host). */
 static gpumem_backend_event_synchronize_fn g_sim_evsync;
 static int slow_event_synchronize(gpumem_backend *be, int device, gpumem_event ev) {
@@ -799,6 +891,8 @@ int main(void) {
       TU_TEST(test_extend_own_free_block), TU_TEST(test_extend_backend_failure), TU_TEST(test_wait_for_own_stream),
       TU_TEST(test_wait_for_own_stream_fails),
       TU_TEST(test_wait_budget),
+      TU_TEST(test_stream_deps_take_pending),
+      TU_TEST(test_stream_deps_off_or_failing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -61,6 +61,7 @@ module gpumem
      type(c_ptr) :: share = c_null_ptr             ! const char *: "user" (NULL), "off" or a group name
      integer(c_int32_t) :: share_wait_ms = 300
      integer(c_int32_t) :: watch_interval_ms = 200
+     integer(c_int) :: stream_deps = 0
   end type gpumem_config
 
   !> gpumem_stats (struct_size is set by gpumem_get_stats_f).

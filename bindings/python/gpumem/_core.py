@@ -279,6 +279,10 @@ class Context:
             members to give memory back; None keeps the default (300).
         watch_interval_ms: free-memory checks while no pool grows (0 = none);
             None keeps the default (200).
+        stream_deps: True lets a stream about to grow the pool take memory
+            other streams freed that the device has not reached yet, its
+            later work ordered after theirs on the device; None keeps the
+            default (False, or ``GPUMEM_STREAM_DEPS``).
 
     A context is a context manager: leaving the ``with`` block closes it.
     Closing ends open scopes, marks the remaining :class:`Buffer` objects
@@ -307,6 +311,7 @@ class Context:
         share_wait_ms: Optional[int] = None,
         watch_interval_ms: Optional[int] = None,
         expandable: Optional[Union[bool, int]] = None,
+        stream_deps: Optional[Union[bool, int]] = None,
     ) -> None:
         cfg = capi.Config()
         capi.lib.gpumem_config_init(byref(cfg))
@@ -335,6 +340,11 @@ class Context:
             if e not in (0, 1):
                 raise _arg_error("expandable must be 0 or 1 (or a bool), got %d" % e)
             cfg.expandable = e
+        if stream_deps is not None:
+            d = int(stream_deps) if isinstance(stream_deps, bool) else _int(stream_deps, "stream_deps")
+            if d not in (0, 1):
+                raise _arg_error("stream_deps must be 0 or 1 (or a bool), got %d" % d)
+            cfg.stream_deps = d
         if share is not None and not isinstance(share, str):
             raise TypeError("share must be a str ('user', 'off' or a group name), got %r" % type(share).__name__)
         share_b = None if share is None else share.encode("utf-8")

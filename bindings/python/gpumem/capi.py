@@ -133,6 +133,7 @@ class Config(Structure):
         ("share", c_char_p),
         ("share_wait_ms", c_uint32),
         ("watch_interval_ms", c_uint32),
+        ("stream_deps", c_int),
     ]
 
 

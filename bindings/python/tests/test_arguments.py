@@ -144,6 +144,8 @@ def test_flags_out_of_range():
         ({"expandable": 2}, gpumem.InvalidArgumentError),
         ({"expandable": 2**32}, gpumem.InvalidArgumentError),
         ({"expandable": "0"}, TypeError),
+        ({"stream_deps": 2}, gpumem.InvalidArgumentError),
+        ({"stream_deps": "1"}, TypeError),
         ({"custom_backend": 2**64}, gpumem.InvalidArgumentError),
         ({"custom_backend": 1.0}, TypeError),
         ({"oom_callback": 5}, TypeError),
@@ -165,6 +167,15 @@ def test_expandable_keyword():
                 assert b.alive
             st = c.stats()
             assert st["num_allocs"] == 1
+
+
+def test_stream_deps_keyword():
+    """stream_deps is a keyword too; with either value a multi-stream context allocates and frees."""
+    for value in (0, 1, False, True):
+        with gpumem.Context(backend="sim", stream_deps=value, flags=gpumem.CONFIG_NO_ENV) as c:
+            with c.alloc(3 * MiB, stream=0x10) as b, c.alloc(5 * MiB, stream=0x20) as d:
+                assert b.alive and d.alive
+            assert c.stats()["num_allocs"] == 2
 
 
 def test_sizes_and_keep_bytes(ctx):
