@@ -252,11 +252,11 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
 /* Other streams' pending batches, oldest first, become t's own frees until they hold `want` bytes:
  * t's later work waits on the device for each batch's event (stream_wait_event), so t may reuse
  * them in its stream order, and the other streams once t's own event has completed (which comes
- * after theirs). The host does not wait. Returns the bytes taken; 0 where the backend has no stream
- * dependencies, during a capture (a capturing stream may not wait for an event from outside it),
- * or when nothing is pending. */
+ * after theirs). The host does not wait. Returns the bytes taken; 0 without stream_deps, where the
+ * backend has no stream dependencies, in a graph pool, during a capture (a capturing stream may not
+ * wait for an event from outside it), or when nothing is pending. */
 uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want) {
-  if (!p->ctx->opt.stream_deps || !gpumem__be_has_stream_wait(p->ctx) || gpumem__capturing(p->ctx) ||
+  if (!p->ctx->opt.stream_deps || p->graph || !gpumem__be_has_stream_wait(p->ctx) || gpumem__capturing(p->ctx) ||
       p->npending == 0)
     return 0;
   gpumem__poll_pending(p); /* what has completed becomes READY without a dependency */
