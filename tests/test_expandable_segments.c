@@ -657,6 +657,18 @@ static void test_extend_backend_failure(void **state) {
  * of making new memory. x1 and x2 are separated by live blocks, so neither fits 64 MiB alone. */
 static tu_log *g_wait_log; /* the debug lines of the pool of own_wait_setup */
 
+/* The end of the tests with a debug log and delayed completion: every stream done, a trim gives
+ * everything back, the context and the log go. */
+static void logged_done(gpumem_context *ctx) {
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  assert_true(tu_sim_used(0) == 0);
+  gpumem_sim_set_delayed(0);
+  tu_ctx_done(ctx);
+  tu_log_free(g_wait_log);
+  g_wait_log = NULL;
+}
+
 static gpumem_context *own_wait_setup(void *v[4]) {
   gpumem_config cfg;
   tu_config(&cfg);
@@ -681,13 +693,7 @@ static void own_wait_done(gpumem_context *ctx, void *v[4], void *x) {
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, v[1], SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, v[3], SA), GPUMEM_OK);
-  gpumem_sim_complete_all();
-  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
-  assert_true(tu_sim_used(0) == 0);
-  gpumem_sim_set_delayed(0);
-  tu_ctx_done(ctx);
-  tu_log_free(g_wait_log);
-  g_wait_log = NULL;
+  logged_done(ctx);
 }
 
 static void test_wait_for_own_stream(void **state) {
@@ -762,13 +768,7 @@ static void deps_done(gpumem_context *ctx, void *keep, void *y) {
   assert_held_exact(ctx);
   assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
   assert_status(gpumem_free(ctx, keep, SA), GPUMEM_OK);
-  gpumem_sim_complete_all();
-  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
-  assert_true(tu_sim_used(0) == 0);
-  gpumem_sim_set_delayed(0);
-  tu_ctx_done(ctx);
-  tu_log_free(g_wait_log);
-  g_wait_log = NULL;
+  logged_done(ctx);
 }
 
 static void test_stream_deps_take_pending(void **state) {
@@ -872,13 +872,7 @@ static void test_wait_budget(void **state) {
   assert_status(gpumem_free(ctx, x, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, y, SA), GPUMEM_OK);
   for (int i = 1; i < 8; i += 2) assert_status(gpumem_free(ctx, v[i], SA), GPUMEM_OK);
-  gpumem_sim_complete_all();
-  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
-  assert_true(tu_sim_used(0) == 0);
-  gpumem_sim_set_delayed(0);
-  tu_ctx_done(ctx);
-  tu_log_free(g_wait_log);
-  g_wait_log = NULL;
+  logged_done(ctx);
 }
 
 int main(void) {
