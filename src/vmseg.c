@@ -630,32 +630,74 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
   return 1;
 }
 
+/* The run of granules of one chunk whose state changed (busy_runs): counted once per run. */
+typedef struct busy_run {
+  uint32_t c, n; /* chunk, granules */
+} busy_run;
+
+static inline void busy_run_add(gpumem__vmspace *vs, busy_run *r, uint32_t c, int delta) {
+  if (c == GPUMEM__VM_NIL) return;
+  if (c == r->c) {
+    r->n++;
+    return;
+  }
+  if (r->n != 0) gpumem__vm_chunk_busy(vs, r->c, r->n, delta);
+  r->c = c;
+  r->n = 1;
+}
+
+/* One granule, `bytes` of it. */
+static inline void busy_one(gpumem__vmspace *vs, busy_run *r, uint32_t g, uint32_t bytes, int delta) {
+  uint32_t was = vs->busy[g];
+  vs->busy[g] = delta > 0 ? was + bytes : was - bytes;
+  if ((delta > 0 ? was : vs->busy[g]) != 0) return; /* no change of state */
+  vs->idleb[g >> 6] ^= (uint64_t)1 << (g & 63);      /* (the bit said busy[g] == 0) */
+  busy_run_add(vs, r, vs->cid[g], delta);
+}
+
+/* The granules wholly inside the range, [g, e), a word of the idle map at a time: every one gains or
+ * loses a whole granule; those that change state are found from the map (gaining) or from the counts
+ * (losing), and only they are looked at one by one. */
+static void busy_whole(gpumem__vmspace *vs, busy_run *r, uint32_t g, uint32_t e, int delta) {
+  uint32_t *busy = vs->busy;
+  const uint32_t gb = (uint32_t)1 << vs->gshift;
+  while (g < e) {
+    const uint32_t w = g >> 6, s = g & 63, n = e - g < 64 - s ? e - g : 64 - s; /* [g, g + n): one word */
+    const uint64_t m = (n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1)) << s;
+    uint64_t ch;
+    if (delta > 0) {
+      ch = vs->idleb[w] & m;
+      vs->idleb[w] &= ~m;
+      for (uint32_t j = 0; j < n; j++) busy[g + j] += gb;
+    } else {
+      uint64_t z = 0;
+      for (uint32_t j = 0; j < n; j++) {
+        busy[g + j] -= gb;
+        z |= (uint64_t)(busy[g + j] == 0) << j;
+      }
+      ch = z << s;
+      vs->idleb[w] |= ch;
+    }
+    for (; ch != 0; ch &= ch - 1) busy_run_add(vs, r, vs->cid[(w << 6) + (uint32_t)__builtin_ctzll(ch)], delta);
+    g += n;
+  }
+}
+
 void gpumem__vm_busy_runs(gpumem__vmspace *vs, uintptr_t off, uintptr_t end, int delta) {
   const unsigned sh = vs->gshift;
+  const uintptr_t gs = (uintptr_t)1 << sh;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((end - 1) >> sh);
-  uint32_t *busy = vs->busy;
-  const uint32_t *cid = vs->cid;
-  uint64_t *idleb = vs->idleb;
-  uint32_t rc = GPUMEM__VM_NIL, rn = 0; /* the run: chunk, granules */
-  for (; g <= last; g++) {
-    uintptr_t lo = (uintptr_t)g << sh, hi = lo + ((uintptr_t)1 << sh);
-    if (lo < off) lo = off;
-    if (hi > end) hi = end;
-    uint32_t bytes = (uint32_t)(hi - lo), was = busy[g];
-    busy[g] = delta > 0 ? was + bytes : was - bytes;
-    if ((delta > 0 ? was : busy[g]) != 0) continue; /* no change of state */
-    idleb[g >> 6] ^= (uint64_t)1 << (g & 63); /* (the bit said busy[g] == 0) */
-    uint32_t c = cid[g];
-    if (c == GPUMEM__VM_NIL) continue;
-    if (c == rc) {
-      rn++;
-    } else {
-      if (rn != 0) gpumem__vm_chunk_busy(vs, rc, rn, delta);
-      rc = c;
-      rn = 1;
-    }
+  busy_run r = {GPUMEM__VM_NIL, 0};
+  /* granules in order: the first (part of it, maybe), those wholly inside, the last (part of it) */
+  if ((off & (gs - 1)) != 0) {
+    uintptr_t hi = ((uintptr_t)g + 1) << sh;
+    busy_one(vs, &r, g, (uint32_t)((hi < end ? hi : end) - off), delta);
+    g++;
   }
-  if (rn != 0) gpumem__vm_chunk_busy(vs, rc, rn, delta);
+  uint32_t e = (uint32_t)(end >> sh); /* the first granule not wholly inside */
+  if (e > g) busy_whole(vs, &r, g, e, delta);
+  if (e >= g && e <= last) busy_one(vs, &r, e, (uint32_t)(end - ((uintptr_t)e << sh)), delta);
+  if (r.n != 0) gpumem__vm_chunk_busy(vs, r.c, r.n, delta);
 }
 
 void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delta) {

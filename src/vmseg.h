@@ -216,9 +216,21 @@ static inline size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t 
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
   size_t k = 0;
-  if (last - g < 16) { /* a few granules (most blocks): one by one, cheaper than the words' masks and counts */
+  if (last - g < 4) { /* one to four granules (most blocks): one by one, cheaper than the words */
     for (; g <= last && k <= cap; g++) k += gpumem__vm_gran_cost(vs, g);
     return k;
+  }
+  if (last - g < 32) {
+    /* up to 32 granules: their bits of the two maps, from one word or two, counted in one word (the
+     * idle ones low, the unmapped ones high) */
+    uint32_t w = g >> 6, s = g & 63;
+    uint64_t i = vs->idleb[w] >> s, u = vs->unmb[w] >> s;
+    if (s + (last - g) >= 64) { /* (the range runs into the next word, which then exists) */
+      i |= vs->idleb[w + 1] << (64 - s);
+      u |= vs->unmb[w + 1] << (64 - s);
+    }
+    const uint64_t m = ((uint64_t)1 << (last - g + 1)) - 1;
+    return gpumem__vm_popcount((i & m) | ((u & m) << 32));
   }
   /* 64 granules a step: the two bit maps' words, masked to [g, last], counted */
   uint32_t w = g >> 6, wl = last >> 6;
@@ -236,9 +248,16 @@ static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t ad
   uintptr_t off = addr - vs->base;
   uint32_t g = (uint32_t)(off >> sh), last = (uint32_t)((off + size - 1) >> sh);
   size_t k = 0;
-  if (last - g < 16) {
+  if (last - g < 4) {
     for (; g <= last; g++) k += vs->cid[g] == GPUMEM__VM_NIL;
     return k;
+  }
+  if (last - g < 64) { /* one word of the map, or two */
+    uint32_t w = g >> 6, s = g & 63;
+    uint64_t u = vs->unmb[w] >> s;
+    if (s + (last - g) >= 64) u |= vs->unmb[w + 1] << (64 - s);
+    const uint32_t n = last - g + 1;
+    return gpumem__vm_popcount(n == 64 ? u : u & (((uint64_t)1 << n) - 1));
   }
   uint32_t w = g >> 6, wl = last >> 6;
   uint64_t m = ~(uint64_t)0 << (g & 63);
