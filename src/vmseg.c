@@ -570,12 +570,6 @@ gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {
 /* ---------------------------------------------------------------------- */
 /* Busy bytes and mapping                                                  */
 
-/* The 64 bits of bit map bm from bit x on; bit x + 63 must be in the map. */
-static inline uint64_t bits64(const uint64_t *bm, uint32_t x) {
-  uint32_t i = x >> 6, s = x & 63;
-  return s == 0 ? bm[i] : (bm[i] >> s) | (bm[i + 1] << (64 - s));
-}
-
 int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t last, size_t size, size_t cap,
                            size_t *budget, uintptr_t *addr, size_t *cost) {
   if (size == 0 || last < lo || *budget == 0) return 0;
@@ -605,8 +599,8 @@ int gpumem__vm_best_window(const gpumem__vmspace *vs, uintptr_t lo, uintptr_t la
      * out; the steps before the first such one (up to 64 at a time, from the bit maps) cannot give a
      * new best, and are taken at once, counted in the budget as one by one. */
     if (gend - g >= 64 && *budget >= 64) { /* (then every bit read is of a granule the steps would read) */
-      uint64_t oi = bits64(vs->idleb, g), ou = bits64(vs->unmb, g);
-      uint64_t ii = bits64(vs->idleb, g + w), iu = bits64(vs->unmb, g + w);
+      uint64_t oi = gpumem__vm_bits(vs->idleb, g, 64), ou = gpumem__vm_bits(vs->unmb, g, 64);
+      uint64_t ii = gpumem__vm_bits(vs->idleb, g + w, 64), iu = gpumem__vm_bits(vs->unmb, g + w, 64);
       /* (cost = idle + unmapped, and an unmapped granule is idle: in < out exactly where this is set) */
       uint64_t lower = (~ii & oi) | (~iu & ou);
       uint32_t n = lower != 0 ? (uint32_t)__builtin_ctzll(lower) : 64;

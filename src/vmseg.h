@@ -196,6 +196,14 @@ static inline unsigned gpumem__vm_popcount(uint64_t x) {
   return (unsigned)(x & 0x7f);
 #endif
 }
+/** The bits of bit map bm for granules [g, g + n), 1 <= n <= 64, low bit first; the word after g's is
+ * read only when the range reaches into it (so a range may end at the map's last bit). */
+static inline uint64_t gpumem__vm_bits(const uint64_t *bm, uint32_t g, uint32_t n) {
+  const uint32_t w = g >> 6, s = g & 63;
+  uint64_t x = bm[w] >> s;
+  if (s + n > 64) x |= bm[w + 1] << (64 - s);
+  return n == 64 ? x : x & (((uint64_t)1 << n) - 1);
+}
 /** Granule g's part of the placement cost (gpumem__vm_place_cost): 1 if no busy byte touches it, 1 more if it is not mapped. */
 static inline size_t gpumem__vm_gran_cost(const gpumem__vmspace *vs, uint32_t g) {
   return (size_t)(vs->busy[g] == 0) + (size_t)(vs->cid[g] == GPUMEM__VM_NIL);
@@ -223,14 +231,8 @@ static inline size_t gpumem__vm_place_cost(const gpumem__vmspace *vs, uintptr_t 
   if (last - g < 32) {
     /* up to 32 granules: their bits of the two maps, from one word or two, counted in one word (the
      * idle ones low, the unmapped ones high) */
-    uint32_t w = g >> 6, s = g & 63;
-    uint64_t i = vs->idleb[w] >> s, u = vs->unmb[w] >> s;
-    if (s + (last - g) >= 64) { /* (the range runs into the next word, which then exists) */
-      i |= vs->idleb[w + 1] << (64 - s);
-      u |= vs->unmb[w + 1] << (64 - s);
-    }
-    const uint64_t m = ((uint64_t)1 << (last - g + 1)) - 1;
-    return gpumem__vm_popcount((i & m) | ((u & m) << 32));
+    const uint32_t n = last - g + 1;
+    return gpumem__vm_popcount(gpumem__vm_bits(vs->idleb, g, n) | (gpumem__vm_bits(vs->unmb, g, n) << 32));
   }
   /* 64 granules a step: the two bit maps' words, masked to [g, last], counted */
   uint32_t w = g >> 6, wl = last >> 6;
@@ -252,13 +254,7 @@ static inline size_t gpumem__vm_unmapped(const gpumem__vmspace *vs, uintptr_t ad
     for (; g <= last; g++) k += vs->cid[g] == GPUMEM__VM_NIL;
     return k;
   }
-  if (last - g < 64) { /* one word of the map, or two */
-    uint32_t w = g >> 6, s = g & 63;
-    uint64_t u = vs->unmb[w] >> s;
-    if (s + (last - g) >= 64) u |= vs->unmb[w + 1] << (64 - s);
-    const uint32_t n = last - g + 1;
-    return gpumem__vm_popcount(n == 64 ? u : u & (((uint64_t)1 << n) - 1));
-  }
+  if (last - g < 64) return gpumem__vm_popcount(gpumem__vm_bits(vs->unmb, g, last - g + 1));
   uint32_t w = g >> 6, wl = last >> 6;
   uint64_t m = ~(uint64_t)0 << (g & 63);
   for (;; w++, m = ~(uint64_t)0) {
