@@ -245,7 +245,9 @@ static void test_busy_matches_granules(void **state) {
       fail();
     }
   }
-  assert_true(longs > 100);
+  /* about a quarter of the ranges made busy span 8 granules or more; the
+   * count only guards that long ranges were exercised at all, at any scale */
+  assert_true(longs * 40 > (unsigned long long)ops);
   gpumem__vm_space_clear_busy(vs);
   assert_int_equal(gpumem__vm_space_close(vs), GPUMEM_OK);
   gpumem__vm_pool_free(vp);
