@@ -652,23 +652,33 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       clean_only = p->quarantine && stream != p->solo_s;
       goto search;
     }
-    if (b != NULL && !adopted && need > avail && p->scount > 1 && p->ctx->opt.stream_deps &&
+    if (b != NULL && !adopted && need > 0 && p->scount > 1 && p->ctx->opt.stream_deps &&
         gpumem__be_has_stream_wait(p->ctx) &&
-        p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->st.reserved_peak && p->npending > 0) {
-      /* With stream_deps (GPUMEM_STREAM_DEPS=1), several streams, growing past the peak while
-       * other streams' frees are pending: this stream takes them, its later work ordered on the
-       * device after theirs (no host wait), and searches again. The device, not the host, pays
-       * where the other stream's work is long; only a growth past the peak asks it, never a steady
-       * state that fits. Off by default: the stream-order contract serves another stream's frees
-       * only once their work has completed. */
+        p->st.reserved_bytes + (uint64_t)need * g > p->st.reserved_peak && p->npending > 0) {
+      /* With stream_deps (GPUMEM_STREAM_DEPS=1), several streams, the request past what is held
+       * free and mapped (new memory, or idle chunks moved here) while other streams' frees are
+       * pending: this stream takes them, its later work ordered on the device after theirs (no host
+       * wait), and searches again. Growing past the peak even with every idle chunk moved here, it
+       * takes enough to make up the difference; otherwise only a batch that holds a block the
+       * request fits in, served where it lies: no chunk moves, and no idle chunk goes (a chunk
+       * moved whole only to a run of its own length, the others are given back and new ones made,
+       * the difference lost: with the device behind, warm replays crept past the peak by it,
+       * comm 64 events behind from 1.031 to 1.144 over 12 passes; figures in
+       * docs/PERFORMANCE.md). The device, not the host, pays where the other stream's work is
+       * long; never a steady state that fits in what is free and mapped. Off by default: the
+       * stream-order contract serves another stream's frees only once their work has completed. */
       adopted = 1;
       gpumem__srec *t = r != NULL ? r : gpumem__srec_get(p, stream);
-      uint64_t got = t != NULL ? gpumem__adopt_pending(p, t, (uint64_t)(need - avail) * g) : 0;
+      const int grows = need > avail;
+      uint64_t got = t == NULL ? 0
+                     : grows   ? gpumem__adopt_pending(p, t, (uint64_t)(need - avail) * g, 0)
+                               : gpumem__adopt_pending(p, t, rsize, rsize);
       if (got > 0)
         LOG(p, GPUMEM_LOG_DEBUG,
             "device %d: stream %p took %.1f MiB other streams freed, ordered after their work on the device, "
-            "before growing past the reserved peak",
-            p->device, (void *)stream, (double)got / (double)MiB);
+            "%s",
+            p->device, (void *)stream, (double)got / (double)MiB,
+            grows ? "before growing past the reserved peak" : "instead of moving idle chunks");
       r = srec_find(p, stream); /* (the poll may have made blocks READY and merged b: search again) */
       goto search;
     }

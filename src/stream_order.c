@@ -249,13 +249,28 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   batch_retire(p, b);
 }
 
-/* Other streams' pending batches, oldest first, become t's own frees until they hold `want` bytes:
+/* Whether f holds a free block of at least `size` bytes (in any class). */
+static int fidx_holds(const gpumem__fidx *f, size_t size) {
+  int fl0, sl0;
+  tlsf_map(size, &fl0, &sl0);
+  for (int c = 0; c < CLS_COUNT; c++) {
+    const gpumem__tlsf *t = &f->t[c];
+    if ((t->fl_bitmap >> fl0) == 0) continue;
+    if ((t->fl_bitmap & (~(uint64_t)1 << fl0)) != 0 || (t->sl_bitmap[fl0] & (0xffu << sl0 << 1) & 0xffu) != 0) return 1;
+    for (const gpumem__block *b = t->heads[fl0][sl0]; b != NULL; b = b->fnext)
+      if (b->size >= size) return 1;
+  }
+  return 0;
+}
+
+/* Other streams' pending batches, oldest first, become t's own frees until they hold `want` bytes
+ * (with `fit` non-zero: only batches that hold a free block of at least `fit` bytes):
  * t's later work waits on the device for each batch's event (stream_wait_event), so t may reuse
  * them in its stream order, and the other streams once t's own event has completed (which comes
  * after theirs). The host does not wait. Returns the bytes taken; 0 without stream_deps, where the
  * backend has no stream dependencies, in a graph pool, during a capture (a capturing stream may not
  * wait for an event from outside it), or when nothing is pending. */
-uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want) {
+uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, size_t fit) {
   if (!p->ctx->opt.stream_deps || p->graph || !gpumem__be_has_stream_wait(p->ctx) || gpumem__capturing(p->ctx) ||
       p->npending == 0)
     return 0;
@@ -263,7 +278,7 @@ uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want) 
   uint64_t got = 0;
   for (gpumem__batch *b = p->pending_head, *n; b != NULL && got < want; b = n) {
     n = b->next;
-    if (b->srec == t || !b->has_ev) continue;
+    if (b->srec == t || !b->has_ev || (fit != 0 && !fidx_holds(b->idx, fit))) continue;
     if (gpumem__be_stream_wait_event(p->ctx, p->device, t->stream, b->ev) != GPUMEM_OK) break;
     got += b->idx->bytes;
     gpumem__drain_to(p, b->idx, t->idx);

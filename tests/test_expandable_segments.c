@@ -820,6 +820,83 @@ static void test_stream_deps_off_or_failing(void **state) {
   }
 }
 
+#define DU (64 * TU_MiB)
+#define SC ((gpumem_stream)(uintptr_t)0xC0)
+/* stream_deps when idle chunks could make room: SB asks 128 MiB past every free mapped block while
+ * 128 MiB of idle chunks lie elsewhere (z1 SB's and z2 SC's, 64 MiB each, completed, around a live w). If
+ * SA's pending frees hold a block that fits (x, 128 MiB), SB takes it where it lies: no chunk moves,
+ * no new memory. If they hold only smaller ones (x1, x2: 64 MiB each), SB leaves them to SA and
+ * moves the idle chunks (one unmap and one map each, no new memory). */
+static gpumem_context *deps_idle_setup(int whole, void *live[3], void **x) {
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.stream_deps = 1;
+  g_wait_log = tu_log_new();
+  tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
+  gpumem_context *ctx = vm_ctx(&cfg);
+  gpumem_sim_set_delayed(1);
+  void *z1 = NULL, *z2 = NULL, *x2 = NULL;
+  assert_status(gpumem_alloc(ctx, 0, DU, SB, &z1), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, DU, SB, &live[0]), GPUMEM_OK); /* w */
+  assert_status(gpumem_alloc(ctx, 0, DU, SC, &z2), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, DU, SB, &live[1]), GPUMEM_OK);
+  if (whole) {
+    assert_status(gpumem_alloc(ctx, 0, 2 * DU, SA, x), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, DU, SA, &live[2]), GPUMEM_OK);
+  } else {
+    assert_status(gpumem_alloc(ctx, 0, DU, SA, x), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, DU, SA, &live[2]), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, DU, SA, &x2), GPUMEM_OK);
+  }
+  for (int i = 0; i < 3; i++) tu_stamp(live[i], DU, (unsigned)(0x10 + i));
+  assert_status(gpumem_free(ctx, z1, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, z2, SC), GPUMEM_OK); /* (a stream's first large free asks its event) */
+  gpumem_sim_stream_complete(0, SB);
+  gpumem_sim_stream_complete(0, SC); /* z1, z2 become READY at the next poll: their chunks idle */
+  assert_status(gpumem_free(ctx, *x, SA), GPUMEM_OK);       /* SA's: the device has not run its work */
+  if (x2 != NULL) assert_status(gpumem_free(ctx, x2, SA), GPUMEM_OK);
+  return ctx;
+}
+
+static void deps_idle_done(gpumem_context *ctx, void *live[3], void *y) {
+  for (int i = 0; i < 3; i++) assert_true(tu_stamp_ok(live[i], DU, (unsigned)(0x10 + i)));
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, y, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, live[0], SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, live[1], SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, live[2], SA), GPUMEM_OK);
+  logged_done(ctx);
+}
+
+static void test_stream_deps_take_fitting_before_moving(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  for (int whole = 1; whole >= 0; whole--) {
+    void *live[3] = {0}, *x = NULL, *y = NULL;
+    gpumem_context *ctx = deps_idle_setup(whole, live, &x);
+    gpumem_stats s0 = tu_stats(ctx, 0);
+    uint64_t maps0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP);
+    assert_status(gpumem_alloc(ctx, 0, 2 * DU, SB, &y), GPUMEM_OK);
+    gpumem_stats s1 = tu_stats(ctx, 0);
+    assert_true(s1.reserved_bytes == s0.reserved_bytes && s1.num_backend_allocs == s0.num_backend_allocs);
+    assert_true(s1.allocated_bytes == s0.allocated_bytes + 2 * DU && s1.num_live == s0.num_live + 1);
+    if (whole) {
+      assert_ptr_equal(y, x);
+      assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) == maps0); /* nothing moved */
+      assert_int_equal(
+          tu_log_count_matching(g_wait_log, "took 128.0 MiB other streams freed", "instead of moving idle chunks", NULL),
+          1);
+    } else {
+      /* SA's blocks stay SA's: the idle chunks moved (an unmap and a map each) */
+      assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) > maps0);
+      assert_int_equal(tu_log_count_matching(g_wait_log, "other streams freed", NULL), 0);
+      assert_true((uintptr_t)y >= (uintptr_t)x + DU || (uintptr_t)y + 2 * DU <= (uintptr_t)x);
+    }
+    tu_stamp(y, 2 * DU, 0x9);
+    deps_idle_done(ctx, live, y);
+  }
+}
+
 /* A wait that stalls the host: the sim's event wait, 40 ms late (a GPU far behind the host). */
 static gpumem_backend_event_synchronize_fn g_sim_evsync;
 static int slow_event_synchronize(gpumem_backend *be, int device, gpumem_event ev) {
@@ -887,6 +964,7 @@ int main(void) {
       TU_TEST(test_wait_budget),
       TU_TEST(test_stream_deps_take_pending),
       TU_TEST(test_stream_deps_off_or_failing),
+      TU_TEST(test_stream_deps_take_fitting_before_moving),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
