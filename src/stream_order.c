@@ -249,22 +249,16 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   batch_retire(p, b);
 }
 
-/* Whether f holds a free block of at least `size` bytes (in any class). */
-static int fidx_holds(const gpumem__fidx *f, size_t size) {
-  int fl0, sl0;
-  tlsf_map(size, &fl0, &sl0);
-  for (int c = 0; c < CLS_COUNT; c++) {
-    const gpumem__tlsf *t = &f->t[c];
-    if ((t->fl_bitmap >> fl0) == 0) continue;
-    if ((t->fl_bitmap & (~(uint64_t)1 << fl0)) != 0 || (t->sl_bitmap[fl0] & (0xffu << sl0 << 1) & 0xffu) != 0) return 1;
-    for (const gpumem__block *b = t->heads[fl0][sl0]; b != NULL; b = b->fnext)
-      if (b->size >= size) return 1;
-  }
-  return 0;
+/* A free block of f of at least `size` bytes (any class), or NULL. */
+static gpumem__block *fidx_fit(gpumem__fidx *f, size_t size) {
+  gpumem__block *b = NULL;
+  for (int c = 0; c < CLS_COUNT && b == NULL; c++) b = tlsf_find(&f->t[c], size);
+  return b;
 }
 
 /* Other streams' pending batches, oldest first, become t's own frees until they hold `want` bytes
- * (with `fit` non-zero: only batches that hold a free block of at least `fit` bytes):
+ * (with `fit` non-zero: from the first batch that holds one, a single free block of at least `fit`
+ * bytes, the rest of the batch left to its event):
  * t's later work waits on the device for each batch's event (stream_wait_event), so t may reuse
  * them in its stream order, and the other streams once t's own event has completed (which comes
  * after theirs). The host does not wait. Returns the bytes taken; 0 without stream_deps, where the
@@ -278,8 +272,17 @@ uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, 
   uint64_t got = 0;
   for (gpumem__batch *b = p->pending_head, *n; b != NULL && got < want; b = n) {
     n = b->next;
-    if (b->srec == t || !b->has_ev || (fit != 0 && !fidx_holds(b->idx, fit))) continue;
+    if (b->srec == t || !b->has_ev) continue;
+    gpumem__block *one = fit != 0 ? fidx_fit(b->idx, fit) : NULL;
+    if (fit != 0 && one == NULL) continue;
     if (gpumem__be_stream_wait_event(p->ctx, p->device, t->stream, b->ev) != GPUMEM_OK) break;
+    if (one != NULL) {
+      got += one->size;
+      idx_remove(p, one);
+      insert_coalesce(p, t->idx, one);
+      if (b->idx->nblocks == 0) batch_retire(p, b);
+      break;
+    }
     got += b->idx->bytes;
     gpumem__drain_to(p, b->idx, t->idx);
     batch_retire(p, b);

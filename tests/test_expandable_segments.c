@@ -824,9 +824,9 @@ static void test_stream_deps_off_or_failing(void **state) {
 #define SC ((gpumem_stream)(uintptr_t)0xC0)
 /* stream_deps when idle chunks could make room: SB asks 128 MiB past every free mapped block while
  * 128 MiB of idle chunks lie elsewhere (z1 SB's and z2 SC's, 64 MiB each, completed, around a live w). If
- * SA's pending frees hold a block that fits (x, 128 MiB), SB takes it where it lies: no chunk moves,
- * no new memory. If they hold only smaller ones (x1, x2: 64 MiB each), SB leaves them to SA and
- * moves the idle chunks (one unmap and one map each, no new memory). */
+ * SA's pending frees hold a block that fits (x, 128 MiB), SB takes that block where it lies (not the
+ * 32 MiB freed with it): no chunk moves, no new memory. If they hold only smaller ones (x1, x2: 64 MiB
+ * each), SB leaves them to SA and moves the idle chunks (one unmap and one map each, no new memory). */
 static gpumem_context *deps_idle_setup(int whole, void *live[3], void **x) {
   gpumem_config cfg;
   tu_config(&cfg);
@@ -835,7 +835,7 @@ static gpumem_context *deps_idle_setup(int whole, void *live[3], void **x) {
   tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
   gpumem_context *ctx = vm_ctx(&cfg);
   gpumem_sim_set_delayed(1);
-  void *z1 = NULL, *z2 = NULL, *x2 = NULL;
+  void *z1 = NULL, *z2 = NULL, *x2 = NULL, *xa = NULL;
   assert_status(gpumem_alloc(ctx, 0, DU, SB, &z1), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, DU, SB, &live[0]), GPUMEM_OK); /* w */
   assert_status(gpumem_alloc(ctx, 0, DU, SC, &z2), GPUMEM_OK);
@@ -843,6 +843,8 @@ static gpumem_context *deps_idle_setup(int whole, void *live[3], void **x) {
   if (whole) {
     assert_status(gpumem_alloc(ctx, 0, 2 * DU, SA, x), GPUMEM_OK);
     assert_status(gpumem_alloc(ctx, 0, DU, SA, &live[2]), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, DU / 2, SA, &xa), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, DU / 2, SA, &x2), GPUMEM_OK); /* freed in x's batch, left to SA */
   } else {
     assert_status(gpumem_alloc(ctx, 0, DU, SA, x), GPUMEM_OK);
     assert_status(gpumem_alloc(ctx, 0, DU, SA, &live[2]), GPUMEM_OK);
@@ -853,8 +855,12 @@ static gpumem_context *deps_idle_setup(int whole, void *live[3], void **x) {
   assert_status(gpumem_free(ctx, z2, SC), GPUMEM_OK); /* (a stream's first large free asks its event) */
   gpumem_sim_stream_complete(0, SB);
   gpumem_sim_stream_complete(0, SC); /* z1, z2 become READY at the next poll: their chunks idle */
-  assert_status(gpumem_free(ctx, *x, SA), GPUMEM_OK);       /* SA's: the device has not run its work */
-  if (x2 != NULL) assert_status(gpumem_free(ctx, x2, SA), GPUMEM_OK);
+  if (whole) { /* SA's batches: {xa}, then {x2, x} (a third ask joins the newer of a stream's two) */
+    assert_status(gpumem_free(ctx, xa, SA), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, x2, SA), GPUMEM_OK);
+  }
+  assert_status(gpumem_free(ctx, *x, SA), GPUMEM_OK); /* SA's: the device has not run its work */
+  if (!whole) assert_status(gpumem_free(ctx, x2, SA), GPUMEM_OK);
   return ctx;
 }
 
