@@ -164,7 +164,7 @@ typedef struct gpumem_config {
   const char *share;           /**< shared GPUs: "user" (NULL, the default: this user's processes on the same GPU cooperate), "off", or a group name (letters, digits, `.`, `_`, `-`; at most 48); env GPUMEM_SHARE */
   uint32_t share_wait_ms;      /**< how long an allocation that found no device memory waits for the other members of its group to give cached memory back; default 300; env GPUMEM_SHARE_WAIT_MS */
   uint32_t watch_interval_ms;  /**< at most this often the free-memory check (trim_free_fraction) runs on calls that do not grow a pool, and a watcher thread runs it while the process holds cached memory; 0 = neither; default 200; env GPUMEM_WATCH_MS */
-  int stream_deps;             /**< 1: a stream about to grow an expandable pool past its peak may take blocks other streams freed whose work the device has not finished, its later work ordered after theirs on the device (cudaStreamWaitEvent) instead of new memory being made; 0 (default): a block freed on one stream serves another only once the work before the free has completed; env GPUMEM_STREAM_DEPS */
+  int stream_deps;             /**< 1: a stream about to grow an expandable pool past its peak may take blocks other streams freed whose work the device has not finished, its later work ordered after theirs on the device (cudaStreamWaitEvent) instead of new memory being made (and one about to move idle chunks for a request takes one such block the request fits in); 0 (default): a block freed on one stream serves another only once the work before the free has completed; env GPUMEM_STREAM_DEPS */
 } gpumem_config;
 
 /**

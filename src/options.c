@@ -48,7 +48,7 @@ static const gpumem__option_desc gpumem__options_tab[] = {
     GPUMEM__OPT(watch_interval_ms, "GPUMEM_WATCH_MS", GPUMEM__OPT_MS, "200",
                 "milliseconds between free-memory checks while no pool grows (calls and a watcher thread); 0 = none"),
     GPUMEM__OPT(stream_deps, "GPUMEM_STREAM_DEPS", GPUMEM__OPT_BOOL, "0",
-                "1: before growing past its peak, a stream may take memory other streams freed that the device has not reached, "
+                "1: before growing past its peak (or moving idle chunks), a stream may take memory other streams freed that the device has not reached, "
                 "its later work ordered after theirs on the device; 0: only memory whose work has completed"),
 };
 

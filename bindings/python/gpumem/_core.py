@@ -279,9 +279,10 @@ class Context:
             members to give memory back; None keeps the default (300).
         watch_interval_ms: free-memory checks while no pool grows (0 = none);
             None keeps the default (200).
-        stream_deps: True lets a stream about to grow the pool take memory
-            other streams freed that the device has not reached yet, its
-            later work ordered after theirs on the device; None keeps the
+        stream_deps: True lets a stream about to grow the pool (or to move
+            idle chunks) take memory other streams freed that the device has
+            not reached yet, its later work ordered after theirs on the
+            device; None keeps the
             default (False, or ``GPUMEM_STREAM_DEPS``).
 
     A context is a context manager: leaving the ``with`` block closes it.
