@@ -826,11 +826,26 @@ static void test_stream_deps_off_or_failing(void **state) {
  * 128 MiB of idle chunks lie elsewhere (z1 SB's and z2 SC's, 64 MiB each, completed, around a live w). If
  * SA's pending frees hold a block that fits (x, 128 MiB), SB takes that block where it lies (not the
  * 32 MiB freed with it): no chunk moves, no new memory. If they hold only smaller ones (x1, x2: 64 MiB
- * each), SB leaves them to SA and moves the idle chunks (one unmap and one map each, no new memory). */
-static gpumem_context *deps_idle_setup(int whole, void *live[3], void **x) {
+ * each), or the backend's stream_wait_event fails, SB leaves them to SA and moves the idle chunks (one
+ * unmap and one map each, no new memory). */
+static int g_waits_failed;
+static int failing_stream_wait(gpumem_backend *be, int device, gpumem_stream stream, gpumem_event ev) {
+  (void)be, (void)device, (void)stream, (void)ev;
+  g_waits_failed++;
+  return GPUMEM_SIM_ERR_INJECTED;
+}
+
+static gpumem_backend g_nowait_be; /* the sim whose stream_wait_event fails */
+
+static gpumem_context *deps_idle_setup(int whole, int wait_fails, void *live[3], void **x) {
   gpumem_config cfg;
   tu_config(&cfg);
   cfg.stream_deps = 1;
+  if (wait_fails) {
+    g_nowait_be = *gpumem_builtin_backend("sim");
+    g_nowait_be.stream_wait_event = failing_stream_wait;
+    cfg.custom_backend = &g_nowait_be;
+  }
   g_wait_log = tu_log_new();
   tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
   gpumem_context *ctx = vm_ctx(&cfg);
@@ -877,16 +892,19 @@ static void deps_idle_done(gpumem_context *ctx, void *live[3], void *y) {
 static void test_stream_deps_take_fitting_before_moving(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
-  for (int whole = 1; whole >= 0; whole--) {
+  for (int k = 0; k < 3; k++) {
+    const int whole = k < 2, takes = k == 0; /* k 1: a fitting block, but the backend's wait fails */
     void *live[3] = {0}, *x = NULL, *y = NULL;
-    gpumem_context *ctx = deps_idle_setup(whole, live, &x);
+    g_waits_failed = 0;
+    gpumem_context *ctx = deps_idle_setup(whole, k == 1, live, &x);
     gpumem_stats s0 = tu_stats(ctx, 0);
     uint64_t maps0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP);
     assert_status(gpumem_alloc(ctx, 0, 2 * DU, SB, &y), GPUMEM_OK);
     gpumem_stats s1 = tu_stats(ctx, 0);
     assert_true(s1.reserved_bytes == s0.reserved_bytes && s1.num_backend_allocs == s0.num_backend_allocs);
     assert_true(s1.allocated_bytes == s0.allocated_bytes + 2 * DU && s1.num_live == s0.num_live + 1);
-    if (whole) {
+    assert_int_equal(g_waits_failed, k == 1); /* asked once, refused: nothing taken */
+    if (takes) {
       assert_ptr_equal(y, x);
       assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) == maps0); /* nothing moved */
       assert_int_equal(
@@ -896,7 +914,7 @@ static void test_stream_deps_take_fitting_before_moving(void **state) {
       /* SA's blocks stay SA's: the idle chunks moved (an unmap and a map each) */
       assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) > maps0);
       assert_int_equal(tu_log_count_matching(g_wait_log, "other streams freed", NULL), 0);
-      assert_true((uintptr_t)y >= (uintptr_t)x + DU || (uintptr_t)y + 2 * DU <= (uintptr_t)x);
+      assert_true((uintptr_t)y >= (uintptr_t)x + 2 * DU || (uintptr_t)y + 2 * DU <= (uintptr_t)x);
     }
     tu_stamp(y, 2 * DU, 0x9);
     deps_idle_done(ctx, live, y);
