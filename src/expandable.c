@@ -659,11 +659,11 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
        * free and mapped (new memory, or idle chunks moved here) while other streams' frees are
        * pending: this stream takes them, its later work ordered on the device after theirs (no host
        * wait), and searches again. Growing past the peak even with every idle chunk moved here, it
-       * takes enough to make up the difference; otherwise only a batch that holds a block the
-       * request fits in, served where it lies: no chunk moves, and no idle chunk goes (a chunk
-       * moved whole only to a run of its own length, the others are given back and new ones made,
-       * the difference lost: with the device behind, warm replays crept past the peak by it,
-       * comm 64 events behind from 1.031 to 1.144 over 12 passes; figures in
+       * takes enough to make up the difference; otherwise only the one pending block the request
+       * fits in (the rest of its batch left), served where it lies: no chunk moves, and no idle
+       * chunk goes (a chunk moves whole only to a run of its own length, the others are given back
+       * and new ones made, the difference lost: with the device behind, warm replays crept past
+       * the peak by it, comm 64 events behind from 1.031 to 1.144 over 12 passes; figures in
        * docs/PERFORMANCE.md). The device, not the host, pays where the other stream's work is
        * long; never a steady state that fits in what is free and mapped. Off by default: the
        * stream-order contract serves another stream's frees only once their work has completed. */
@@ -671,8 +671,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       gpumem__srec *t = r != NULL ? r : gpumem__srec_get(p, stream);
       const int grows = need > avail;
       uint64_t got = t == NULL ? 0
-                     : grows   ? gpumem__adopt_pending(p, t, (uint64_t)(need - avail) * g, 0)
-                               : gpumem__adopt_pending(p, t, rsize, rsize);
+                     : grows   ? gpumem__adopt_pending(p, t, (uint64_t)(need - avail) * g, 0, rcls)
+                               : gpumem__adopt_pending(p, t, 0, rsize, rcls);
       if (got > 0)
         LOG(p, GPUMEM_LOG_DEBUG,
             "device %d: stream %p took %.1f MiB other streams freed, ordered after their work on the device, "

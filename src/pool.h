@@ -269,7 +269,7 @@ void gpumem__solo_note_slow(gpumem__pool *p, gpumem_stream stream);
 void gpumem__quarantine_step(gpumem__pool *p, gpumem_stream stream, int named);
 void gpumem__sync_all(gpumem__pool *p);
 int gpumem__sync_stream(gpumem__pool *p, gpumem__srec *r);
-uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, size_t fit);
+uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, size_t fit, int cls);
 int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream);
 enum { GPUMEM__DEFER_POLL = 0, GPUMEM__DEFER_WAIT = 1, GPUMEM__DEFER_SYNCED = 2 };
 void gpumem__poll_deferred(gpumem__pool *p, int how);

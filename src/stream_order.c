@@ -249,31 +249,25 @@ static void batch_complete(gpumem__pool *p, gpumem__batch *b) {
   batch_retire(p, b);
 }
 
-/* A free block of f of at least `size` bytes (any class), or NULL. */
-static gpumem__block *fidx_fit(gpumem__fidx *f, size_t size) {
-  gpumem__block *b = NULL;
-  for (int c = 0; c < CLS_COUNT && b == NULL; c++) b = tlsf_find(&f->t[c], size);
-  return b;
-}
-
 /* Other streams' pending batches, oldest first, become t's own frees until they hold `want` bytes
- * (with `fit` non-zero: from the first batch that holds one, a single free block of at least `fit`
- * bytes, the rest of the batch left to its event):
+ * (with `fit` non-zero, `want` aside: from the first batch that holds one, the single free block a
+ * request of `fit` bytes and class `cls` would take (idx_find), the rest of the batch left to its
+ * event):
  * t's later work waits on the device for each batch's event (stream_wait_event), so t may reuse
  * them in its stream order, and the other streams once t's own event has completed (which comes
  * after theirs). The host does not wait. Returns the bytes taken; 0 without stream_deps, where the
  * backend has no stream dependencies, in a graph pool, during a capture (a capturing stream may not
  * wait for an event from outside it), or when nothing is pending. */
-uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, size_t fit) {
+uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, size_t fit, int cls) {
   if (!p->ctx->opt.stream_deps || p->graph || !gpumem__be_has_stream_wait(p->ctx) || gpumem__capturing(p->ctx) ||
       p->npending == 0)
     return 0;
   gpumem__poll_pending(p); /* what has completed becomes READY without a dependency */
   uint64_t got = 0;
-  for (gpumem__batch *b = p->pending_head, *n; b != NULL && got < want; b = n) {
+  for (gpumem__batch *b = p->pending_head, *n; b != NULL && (fit != 0 || got < want); b = n) {
     n = b->next;
     if (b->srec == t || !b->has_ev) continue;
-    gpumem__block *one = fit != 0 ? fidx_fit(b->idx, fit) : NULL;
+    gpumem__block *one = fit != 0 ? idx_find(b->idx, fit, cls) : NULL;
     if (fit != 0 && one == NULL) continue;
     if (gpumem__be_stream_wait_event(p->ctx, p->device, t->stream, b->ev) != GPUMEM_OK) break;
     if (one != NULL) {
