@@ -740,14 +740,22 @@ static void test_wait_for_own_stream_fails(void **state) {
  * stream_wait_event fails, SB gets new memory and SA's block waits for its event. */
 static gpumem_event g_before_free; /* recorded on SA just before its free of x */
 
-static gpumem_context *deps_setup(int deps, void **keep, void **x) {
+/* An expandable sim context with stream_deps as given (and backend `be`, NULL: the sim), debug lines
+ * in g_wait_log, the device running only when told. */
+static gpumem_context *deps_ctx(int deps, gpumem_backend *be) {
   gpumem_config cfg;
   tu_config(&cfg);
   cfg.stream_deps = deps;
+  cfg.custom_backend = be;
   g_wait_log = tu_log_new();
   tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
   gpumem_context *ctx = vm_ctx(&cfg);
   gpumem_sim_set_delayed(1);
+  return ctx;
+}
+
+static gpumem_context *deps_setup(int deps, void **keep, void **x) {
+  gpumem_context *ctx = deps_ctx(deps, NULL);
   void *t = NULL;
   assert_status(gpumem_alloc(ctx, 0, GRAN, SB, &t), GPUMEM_OK); /* a second stream */
   assert_status(gpumem_free(ctx, t, SB), GPUMEM_OK);
@@ -838,18 +846,9 @@ static int failing_stream_wait(gpumem_backend *be, int device, gpumem_stream str
 static gpumem_backend g_nowait_be; /* the sim whose stream_wait_event fails */
 
 static gpumem_context *deps_idle_setup(int whole, int wait_fails, void *live[3], void **x) {
-  gpumem_config cfg;
-  tu_config(&cfg);
-  cfg.stream_deps = 1;
-  if (wait_fails) {
-    g_nowait_be = *gpumem_builtin_backend("sim");
-    g_nowait_be.stream_wait_event = failing_stream_wait;
-    cfg.custom_backend = &g_nowait_be;
-  }
-  g_wait_log = tu_log_new();
-  tu_log_install(&cfg, g_wait_log, GPUMEM_LOG_DEBUG);
-  gpumem_context *ctx = vm_ctx(&cfg);
-  gpumem_sim_set_delayed(1);
+  g_nowait_be = *gpumem_builtin_backend("sim");
+  g_nowait_be.stream_wait_event = failing_stream_wait;
+  gpumem_context *ctx = deps_ctx(1, wait_fails ? &g_nowait_be : NULL);
   void *z1 = NULL, *z2 = NULL, *x2 = NULL, *xa = NULL;
   assert_status(gpumem_alloc(ctx, 0, DU, SB, &z1), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, DU, SB, &live[0]), GPUMEM_OK); /* w */
