@@ -165,6 +165,7 @@ typedef struct gpumem_config {
   uint32_t share_wait_ms;      /**< how long an allocation that found no device memory waits for the other members of its group to give cached memory back; default 300; env GPUMEM_SHARE_WAIT_MS */
   uint32_t watch_interval_ms;  /**< at most this often the free-memory check (trim_free_fraction) runs on calls that do not grow a pool, and a watcher thread runs it while the process holds cached memory; 0 = neither; default 200; env GPUMEM_WATCH_MS */
   int stream_deps;             /**< 1: a stream about to grow an expandable pool past its peak may take blocks other streams freed whose work the device has not finished, its later work ordered after theirs on the device (cudaStreamWaitEvent) instead of new memory being made (and one about to move idle chunks for a request takes one such block the request fits in); 0 (default): a block freed on one stream serves another only once the work before the free has completed; env GPUMEM_STREAM_DEPS */
+  double peak_headroom;        /**< expandable pools: new memory may be created up to this fraction past the peak of live bytes (allocated_peak) before idle chunks are moved to where a block needs them; trades memory for the driver calls of those moves (with shapes that change every step, 0.2 holds about what PyTorch's expandable_segments holds and moves nothing once warm); in [0, 1]; 0 (default): as little as possible; ignored while the device is short of memory; env GPUMEM_PEAK_HEADROOM */
 } gpumem_config;
 
 /**

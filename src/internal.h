@@ -84,6 +84,7 @@ typedef struct gpumem__options {
   uint32_t share_wait_ms;
   uint32_t watch_interval_ms;    /* 0: no watcher, no periodic free-memory check */
   int stream_deps;               /* 1: a growth may take other streams' pending frees (gpumem__adopt_pending) */
+  double peak_headroom;          /* [0, 1]: new memory past the live peak before idle chunks move (vmseg.c, fill) */
 } gpumem__options;
 
 /** Kinds of option value (how the environment string is parsed). */

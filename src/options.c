@@ -50,6 +50,9 @@ static const gpumem__option_desc gpumem__options_tab[] = {
     GPUMEM__OPT(stream_deps, "GPUMEM_STREAM_DEPS", GPUMEM__OPT_BOOL, "0",
                 "1: before growing past its peak (or moving idle chunks), a stream may take memory other streams freed that the device has not reached, "
                 "its later work ordered after theirs on the device; 0: only memory whose work has completed"),
+    GPUMEM__OPT(peak_headroom, "GPUMEM_PEAK_HEADROOM", GPUMEM__OPT_FRACTION, "0",
+                "expandable pools: new memory may go this fraction past the peak of live bytes before idle chunks are moved "
+                "(memory for the driver calls of moves); 0: as little as possible"),
 };
 
 const gpumem__option_desc *gpumem__options_table(size_t *count) {
@@ -342,6 +345,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     GPUMEM__TAKE(share_wait_ms);
     GPUMEM__TAKE(watch_interval_ms);
     GPUMEM__TAKE(stream_deps);
+    GPUMEM__TAKE(peak_headroom);
 #undef GPUMEM__TAKE
   }
 
@@ -370,6 +374,10 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.limit_fraction must be in [0, 1]");
     return GPUMEM_ERR_INVALID_ARGUMENT;
   }
+  if (!isfinite(cfg.peak_headroom) || cfg.peak_headroom < 0.0 || cfg.peak_headroom > 1.0) {
+    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.peak_headroom must be in [0, 1]");
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  }
   const char *bname = cfg.backend != NULL ? cfg.backend : "auto";
   if (strlen(bname) >= sizeof o.backend) {
     memcpy(o.backend, "<name too long>", sizeof "<name too long>");
@@ -387,6 +395,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
   o.flags = cfg.flags;
   o.expandable = cfg.expandable != 0;
   o.stream_deps = cfg.stream_deps != 0;
+  o.peak_headroom = cfg.peak_headroom;
   if (parse_share(cfg.share != NULL ? cfg.share : "user", o.share) != 0) {
     gpumem__log(&o.log, GPUMEM_LOG_WARN,
                 "gpumem_config.share \"%.64s\" is invalid: expected user, off, or a group name (letters, digits, "

@@ -129,6 +129,7 @@ struct gpumem__vmpool {
   int several;             /* the pool has seen several streams (gpumem__vm_several_streams): the allowance
                             * rises every MOVES_PER_RAISE_STREAMS moves, up to 1/ALLOWANCE_STREAMS_DIV */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
+  double headroom;         /* gpumem_config.peak_headroom (see fill) */
   uint32_t nalias;         /* alias mappings (gpumem__vm_lend) not yet unmapped */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
@@ -160,6 +161,7 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->gran = g;
   vp->chunk_max = CHUNK_MAX_BYTES > g ? (uint32_t)(CHUNK_MAX_BYTES / g) : 1;
   vp->chunk_huge = CHUNK_HUGE_BYTES > g ? (uint32_t)(CHUNK_HUGE_BYTES / g) : 1;
+  vp->headroom = ctx->opt.peak_headroom;
   vp->total = total;
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
@@ -720,12 +722,22 @@ void gpumem__vm_chunk_busy(gpumem__vmspace *vs, uint32_t i, uint32_t n, int delt
  * allocations a move: a steady state that keeps moving chunks often settles
  * where it needs none, one that moves rarely keeps its few moves (it grows by 1/128 of the live peak, at least a
  * granule, at most a largest chunk), with several streams to at most 1/ALLOWANCE_STREAMS_DIV of the
- * live peak. Trimming (gpumem__vm_allowance_reset) and a full device set it back to 0. */
+ * live peak. Trimming (gpumem__vm_allowance_reset) and a full device set it back to 0. A config's
+ * peak_headroom lifts the bound to that fraction past the live peak, except while the device is short
+ * of memory: moves cost driver calls (about 60 us each on an H200), and with shapes that change every
+ * step a pool held near its live peak moves chunks at every new large block, where one allowed about
+ * a fifth more memory settles and moves none (docs/TUNING.md). */
 static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_t limit) {
   gpumem__vmpool *vp = vs->vp;
   uint64_t add = (uint64_t)len * vp->gran;
   uint64_t cap = vp->st->reserved_peak;
   if (vp->st->allocated_peak + vp->allowance > cap) cap = vp->st->allocated_peak + vp->allowance;
+  if (vp->headroom > 0.0 && vp->fine_until == 0) {
+    /* peak_headroom: the user's choice of memory over moves, set aside while the device is short of
+     * memory (chunk_limit, called before fill, clears fine_until once that has passed) */
+    uint64_t h = vp->st->allocated_peak + (uint64_t)((double)vp->st->allocated_peak * vp->headroom);
+    if (h > cap) cap = h;
+  }
   if (limit != 0 && limit < cap) cap = limit;
   if (vp->st->reserved_bytes + add > cap && vp->nidle + vp->spare_gran > 0) {
     const uint32_t per_raise = vp->several ? MOVES_PER_RAISE_STREAMS : MOVES_PER_RAISE;

@@ -975,6 +975,69 @@ static void test_wait_budget(void **state) {
   logged_done(ctx);
 }
 
+/* peak_headroom: new memory may go that fraction past the live peak before idle chunks are moved.
+ * A (16 MiB, two 8 MiB chunks) and X (2 MiB) live, A freed: C (18 MiB) does not fit in A's place and
+ * goes after X, on 9 unmapped granules. Held near the live peak (18 MiB), A's idle chunks move under
+ * C (reserved 20 MiB); with headroom 1 the pool may hold up to 36 MiB and creates C's memory instead,
+ * moving nothing; limit_bytes still binds, and after the device ran out of memory the headroom is set
+ * aside (moves again) while that pressure lasts. Returns the reserved bytes after C. */
+static uint64_t headroom_case(double headroom, uint64_t limit, int pressure, uint64_t *moves) {
+  tu_setenv("GPUMEM_SIM_DEVICES", "64MiB");
+  gpumem_config cfg;
+  tu_config(&cfg);
+  cfg.peak_headroom = headroom;
+  cfg.limit_bytes = limit;
+  cfg.trim_free_fraction = 0.0;
+  gpumem_context *ctx = vm_ctx(&cfg);
+  if (pressure) {
+    void *big = NULL, *more = (void *)0x1;
+    assert_status(gpumem_alloc(ctx, 0, 60 * TU_MiB, NULL, &big), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, 8 * TU_MiB, NULL, &more), GPUMEM_ERR_OUT_OF_MEMORY);
+    assert_status(gpumem_free(ctx, big, NULL), GPUMEM_OK);
+    assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+    assert_status(gpumem_reset_peak_stats(ctx, 0), GPUMEM_OK);
+  }
+  void *a = NULL, *x = NULL, *c = NULL;
+  assert_status(gpumem_alloc(ctx, 0, 16 * TU_MiB, NULL, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, NULL, &x), GPUMEM_OK);
+  tu_stamp(x, 2 * TU_MiB, 0x5);
+  assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
+  uint64_t m0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP), c0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MALLOC);
+  assert_status(gpumem_alloc(ctx, 0, 18 * TU_MiB, NULL, &c), GPUMEM_OK);
+  assert_true((uintptr_t)c >= (uintptr_t)x + 2 * TU_MiB);
+  /* a new chunk is a create and a map, a moved one an unmap and a map */
+  uint64_t maps = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) - m0;
+  uint64_t creates = gpumem_sim_call_count(GPUMEM_SIM_CALL_MALLOC) - c0;
+  assert_true(maps >= creates && (maps - creates) % 2 == 0);
+  *moves = (maps - creates) / 2;
+  tu_stamp(c, 18 * TU_MiB, 0xC);
+  assert_true(tu_stamp_ok(x, 2 * TU_MiB, 0x5) && tu_stamp_ok(c, 18 * TU_MiB, 0xC));
+  uint64_t held = tu_stats(ctx, 0).reserved_bytes;
+  assert_held_exact(ctx);
+  assert_status(gpumem_free(ctx, c, NULL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, x, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+  tu_env_restore();
+  return held;
+}
+
+static void test_peak_headroom(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  uint64_t u0 = 0, u1 = 0, ul = 0, up = 0;
+  uint64_t lean = headroom_case(0.0, 0, 0, &u0), roomy = headroom_case(1.0, 0, 0, &u1);
+  uint64_t limited = headroom_case(1.0, 24 * TU_MiB, 0, &ul), pressed = headroom_case(1.0, 0, 1, &up);
+  print_message("reserved after C: %llu MiB (no headroom, %llu moves), %llu (headroom 1, %llu), %llu (headroom 1, "
+                "limit 24 MiB, %llu), %llu (headroom 1 after out of memory, %llu)\n",
+                (unsigned long long)(lean / TU_MiB), (unsigned long long)u0, (unsigned long long)(roomy / TU_MiB),
+                (unsigned long long)u1, (unsigned long long)(limited / TU_MiB), (unsigned long long)ul,
+                (unsigned long long)(pressed / TU_MiB), (unsigned long long)up);
+  assert_true(lean == 20 * TU_MiB && u0 == 2);       /* A's two chunks moved under C, one granule new */
+  assert_true(roomy == 36 * TU_MiB && u1 == 0);      /* all of C created, nothing moved */
+  assert_true(limited <= 24 * TU_MiB && ul > 0);     /* the limit binds before the headroom */
+  assert_true(pressed == 20 * TU_MiB && up > 0);     /* one-granule chunks of A moved: as without headroom */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_granule_bookkeeping), TU_TEST(test_trim_inside_segment),
@@ -988,6 +1051,7 @@ int main(void) {
       TU_TEST(test_stream_deps_take_pending),
       TU_TEST(test_stream_deps_off_or_failing),
       TU_TEST(test_stream_deps_take_fitting_before_moving),
+      TU_TEST(test_peak_headroom),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,8 @@ static void test_defaults(void **state) {
   assert_null(cfg.log_callback);
   assert_null(cfg.log_user);
   assert_int_equal(cfg.log_level, GPUMEM_LOG_WARN);
+  assert_int_equal(cfg.stream_deps, 0);
+  assert_true(cfg.peak_headroom == 0.0);
   gpumem_config_init(NULL); /* harmless */
 }
 
@@ -63,6 +65,7 @@ static void test_struct_size(void **state) {
   cfg.limit_bytes = 1;          /* would refuse every allocation if it were read */
   cfg.limit_fraction = 1e-9;    /* likewise */
   cfg.initial_bytes = UINT64_MAX / 2; /* likewise: would fail the first allocation */
+  cfg.peak_headroom = -1.0;     /* would be refused at create */
   cfg.log_callback = NULL;
   gpumem_context *ctx = tu_ctx_new(&cfg);
   void *p = NULL;
@@ -83,6 +86,9 @@ static void test_bad_values(void **state) {
     tu_config(&cfg);
     cfg.limit_fraction = bad_fractions[i];
     expect_bad_config(&cfg);
+    tu_config(&cfg);
+    cfg.peak_headroom = bad_fractions[i];
+    expect_bad_config(&cfg);
   }
   tu_config(&cfg);
   cfg.log_level = (gpumem_log_level)(GPUMEM_LOG_OFF + 1);
@@ -100,6 +106,7 @@ static void test_bad_values(void **state) {
     tu_config(&cfg);
     cfg.trim_free_fraction = ok_fractions[i];
     cfg.limit_fraction = ok_fractions[i];
+    cfg.peak_headroom = ok_fractions[i];
     tu_ctx_done(tu_ctx_new(&cfg));
   }
   tu_config(&cfg);
@@ -197,7 +204,7 @@ static void test_env_garbage(void **state) {
   for (size_t v = 0; v < sizeof byte_vars / sizeof byte_vars[0]; v++)
     for (size_t i = 0; i < sizeof bad_bytes / sizeof bad_bytes[0]; i++) expect_env_rejected(byte_vars[v], bad_bytes[i]);
 
-  static const char *const frac_vars[] = {"GPUMEM_TRIM_FREE_FRACTION", "GPUMEM_LIMIT_FRACTION"};
+  static const char *const frac_vars[] = {"GPUMEM_TRIM_FREE_FRACTION", "GPUMEM_LIMIT_FRACTION", "GPUMEM_PEAK_HEADROOM"};
   static const char *const bad_fracs[] = {"x", "1.5", "-0.1", "nan", "0.5abc", "inf"};
   for (size_t v = 0; v < sizeof frac_vars / sizeof frac_vars[0]; v++)
     for (size_t i = 0; i < sizeof bad_fracs / sizeof bad_fracs[0]; i++) expect_env_rejected(frac_vars[v], bad_fracs[i]);
@@ -378,6 +385,20 @@ static void test_env_trim_free_fraction(void **state) {
   tu_ctx_done(ctx);
 }
 
+static void test_env_peak_headroom(void **state) {
+  (void)state;
+  /* parses in [0, 1]; the behaviour itself is covered by test_expandable_segments (test_peak_headroom) */
+  static const char *const ok[] = {"0", "0.2", "1", " 0.5 "};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    gpumem_context *ctx = NULL;
+    assert_status(create_with_env("GPUMEM_PEAK_HEADROOM", ok[i], 0, NULL, &ctx), GPUMEM_OK);
+    void *p = NULL;
+    assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &p), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+    tu_ctx_done(ctx);
+  }
+}
+
 static void test_env_initial_bytes(void **state) {
   (void)state;
   gpumem_context *ctx = NULL;
@@ -478,6 +499,7 @@ int main(void) {
       TU_TEST(test_env_release_threshold),
       TU_TEST(test_env_limit_fraction),
       TU_TEST(test_env_trim_free_fraction),
+      TU_TEST(test_env_peak_headroom),
       TU_TEST(test_env_initial_bytes),
       TU_TEST(test_env_log),
       TU_TEST(test_env_sim_devices_garbage),

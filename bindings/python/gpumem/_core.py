@@ -284,6 +284,12 @@ class Context:
             not reached yet, its later work ordered after theirs on the
             device; None keeps the
             default (False, or ``GPUMEM_STREAM_DEPS``).
+        peak_headroom: expandable pools may create new memory up to this
+            fraction (0 to 1) past the peak of live bytes before they move
+            idle chunks: memory for the driver calls of those moves (0.2
+            holds about what PyTorch's ``expandable_segments`` holds when
+            shapes change every step); None keeps the default (0, or
+            ``GPUMEM_PEAK_HEADROOM``).
 
     A context is a context manager: leaving the ``with`` block closes it.
     Closing ends open scopes, marks the remaining :class:`Buffer` objects
@@ -313,6 +319,7 @@ class Context:
         watch_interval_ms: Optional[int] = None,
         expandable: Optional[Union[bool, int]] = None,
         stream_deps: Optional[Union[bool, int]] = None,
+        peak_headroom: Optional[float] = None,
     ) -> None:
         cfg = capi.Config()
         capi.lib.gpumem_config_init(byref(cfg))
@@ -346,6 +353,8 @@ class Context:
             if d not in (0, 1):
                 raise _arg_error("stream_deps must be 0 or 1 (or a bool), got %d" % d)
             cfg.stream_deps = d
+        if peak_headroom is not None:
+            cfg.peak_headroom = _real(peak_headroom, "peak_headroom")
         if share is not None and not isinstance(share, str):
             raise TypeError("share must be a str ('user', 'off' or a group name), got %r" % type(share).__name__)
         share_b = None if share is None else share.encode("utf-8")

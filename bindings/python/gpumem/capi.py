@@ -134,6 +134,7 @@ class Config(Structure):
         ("share_wait_ms", c_uint32),
         ("watch_interval_ms", c_uint32),
         ("stream_deps", c_int),
+        ("peak_headroom", c_double),
     ]
 
 

@@ -146,6 +146,11 @@ def test_flags_out_of_range():
         ({"expandable": "0"}, TypeError),
         ({"stream_deps": 2}, gpumem.InvalidArgumentError),
         ({"stream_deps": "1"}, TypeError),
+        ({"peak_headroom": "0.2"}, TypeError),
+        ({"peak_headroom": True}, TypeError),
+        ({"peak_headroom": 1.5}, gpumem.InvalidArgumentError),
+        ({"peak_headroom": -0.1}, gpumem.InvalidArgumentError),
+        ({"peak_headroom": float("nan")}, gpumem.InvalidArgumentError),
         ({"custom_backend": 2**64}, gpumem.InvalidArgumentError),
         ({"custom_backend": 1.0}, TypeError),
         ({"oom_callback": 5}, TypeError),
@@ -176,6 +181,24 @@ def test_stream_deps_keyword():
             with c.alloc(3 * MiB, stream=0x10) as b, c.alloc(5 * MiB, stream=0x20) as d:
                 assert b.alive and d.alive
             assert c.stats()["num_allocs"] == 2
+
+
+def test_peak_headroom_keyword():
+    """peak_headroom: with headroom a freed block's idle memory stays where it is and a larger block
+    that does not fit there gets new memory; without, the pool stays at its peak and moves it."""
+    held = {}
+    for value in (0, 0.0, 1, 1.0):
+        with gpumem.Context(backend="sim", expandable=True, peak_headroom=value, trim_free_fraction=0.0,
+                            flags=gpumem.CONFIG_NO_ENV) as c:
+            a = c.alloc(16 * MiB)
+            x = c.alloc(2 * MiB)
+            a.free()
+            with c.alloc(18 * MiB) as b:
+                assert b.alive
+                held[value] = c.stats()["reserved_bytes"]
+            x.free()
+    assert held[0] == held[0.0] == 20 * MiB
+    assert held[1] == held[1.0] == 36 * MiB
 
 
 def test_sizes_and_keep_bytes(ctx):
