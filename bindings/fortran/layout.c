@@ -16,6 +16,7 @@ size_t gpumem_ftest_layout(int what) {
   case 5: return offsetof(gpumem_device_info, total_bytes);
   case 6: return offsetof(gpumem_device_info, physical_index);
   case 7: return offsetof(gpumem_config, initial_bytes);
+  case 8: return offsetof(gpumem_config, peak_headroom);
   default: return 0;
   }
 }
