@@ -366,17 +366,18 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.log_level %d is not a log level", (int)cfg.log_level);
     return GPUMEM_ERR_INVALID_ARGUMENT;
   }
-  if (!isfinite(cfg.trim_free_fraction) || cfg.trim_free_fraction < 0.0 || cfg.trim_free_fraction > 1.0) {
-    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.trim_free_fraction must be in [0, 1]");
-    return GPUMEM_ERR_INVALID_ARGUMENT;
-  }
-  if (!isfinite(cfg.limit_fraction) || cfg.limit_fraction < 0.0 || cfg.limit_fraction > 1.0) {
-    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.limit_fraction must be in [0, 1]");
-    return GPUMEM_ERR_INVALID_ARGUMENT;
-  }
-  if (!isfinite(cfg.peak_headroom) || cfg.peak_headroom < 0.0 || cfg.peak_headroom > 1.0) {
-    gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.peak_headroom must be in [0, 1]");
-    return GPUMEM_ERR_INVALID_ARGUMENT;
+  { /* every fraction of the option table (trim_free_fraction, limit_fraction, peak_headroom) */
+    size_t nt;
+    const gpumem__option_desc *tab = gpumem__options_table(&nt);
+    for (size_t i = 0; i < nt; i++) {
+      if (tab[i].kind != GPUMEM__OPT_FRACTION) continue;
+      double v;
+      memcpy(&v, (const char *)&cfg + tab[i].cfg_offset, sizeof v);
+      if (!isfinite(v) || v < 0.0 || v > 1.0) {
+        gpumem__log(&o.log, GPUMEM_LOG_WARN, "gpumem_config.%s must be in [0, 1]", tab[i].field);
+        return GPUMEM_ERR_INVALID_ARGUMENT;
+      }
+    }
   }
   const char *bname = cfg.backend != NULL ? cfg.backend : "auto";
   if (strlen(bname) >= sizeof o.backend) {

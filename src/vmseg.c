@@ -129,7 +129,6 @@ struct gpumem__vmpool {
   int several;             /* the pool has seen several streams (gpumem__vm_several_streams): the allowance
                             * rises every MOVES_PER_RAISE_STREAMS moves, up to 1/ALLOWANCE_STREAMS_DIV */
   uint64_t fine_until;     /* CLOCK_MONOTONIC ns until which new chunks are one granule (0: not) */
-  double headroom;         /* gpumem_config.peak_headroom (see fill) */
   uint32_t nalias;         /* alias mappings (gpumem__vm_lend) not yet unmapped */
   gpumem_status (*guard)(void *arg); /* before an unmap (gpumem__vm_set_guard) */
   void *guard_arg;
@@ -161,7 +160,6 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
   vp->gran = g;
   vp->chunk_max = CHUNK_MAX_BYTES > g ? (uint32_t)(CHUNK_MAX_BYTES / g) : 1;
   vp->chunk_huge = CHUNK_HUGE_BYTES > g ? (uint32_t)(CHUNK_HUGE_BYTES / g) : 1;
-  vp->headroom = ctx->opt.peak_headroom;
   vp->total = total;
   vp->st = st;
   vp->freech = vp->ihead = vp->itail = NIL;
@@ -732,10 +730,11 @@ static gpumem_status fill(gpumem__vmspace *vs, uint32_t g, uint32_t len, uint64_
   uint64_t add = (uint64_t)len * vp->gran;
   uint64_t cap = vp->st->reserved_peak;
   if (vp->st->allocated_peak + vp->allowance > cap) cap = vp->st->allocated_peak + vp->allowance;
-  if (vp->headroom > 0.0 && vp->fine_until == 0) {
+  const double headroom = vp->ctx->opt.peak_headroom;
+  if (headroom > 0.0 && vp->fine_until == 0) {
     /* peak_headroom: the user's choice of memory over moves, set aside while the device is short of
      * memory (chunk_limit, called before fill, clears fine_until once that has passed) */
-    uint64_t h = vp->st->allocated_peak + (uint64_t)((double)vp->st->allocated_peak * vp->headroom);
+    uint64_t h = vp->st->allocated_peak + (uint64_t)((double)vp->st->allocated_peak * headroom);
     if (h > cap) cap = h;
   }
   if (limit != 0 && limit < cap) cap = limit;

@@ -196,6 +196,16 @@ static void expect_env_rejected(const char *var, const char *value) {
   tu_ctx_done(ctx);
 }
 
+/* var=value is accepted, and a block of `size` bytes is allocated and freed under it. */
+static void expect_env_alloc_ok(const char *var, const char *value, size_t size) {
+  gpumem_context *ctx = NULL;
+  assert_status(create_with_env(var, value, 0, NULL, &ctx), GPUMEM_OK);
+  void *p = NULL;
+  assert_status(gpumem_alloc(ctx, 0, size, NULL, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 static void test_env_garbage(void **state) {
   (void)state;
   static const char *const byte_vars[] = {"GPUMEM_RELEASE_THRESHOLD", "GPUMEM_LIMIT_BYTES", "GPUMEM_INITIAL_BYTES"};
@@ -268,14 +278,7 @@ static void test_env_limit_bytes_suffixes(void **state) {
   }
   /* large suffixes: the limit is at least 1 GiB, so a 512 MiB block fits */
   static const char *const big[] = {"1G", "1GiB", "1T", "1TiB"};
-  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
-    gpumem_context *ctx = NULL;
-    assert_status(create_with_env("GPUMEM_LIMIT_BYTES", big[i], 0, NULL, &ctx), GPUMEM_OK);
-    void *p = NULL;
-    assert_status(gpumem_alloc(ctx, 0, 512 * TU_MiB, NULL, &p), GPUMEM_OK);
-    assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
-    tu_ctx_done(ctx);
-  }
+  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) expect_env_alloc_ok("GPUMEM_LIMIT_BYTES", big[i], 512 * TU_MiB);
   /* 1G caps at 1 GiB: 2 GiB is refused (the sim device has 16 GiB) */
   if (tu_is_sim()) {
     gpumem_context *ctx = NULL;
@@ -389,14 +392,7 @@ static void test_env_peak_headroom(void **state) {
   (void)state;
   /* parses in [0, 1]; the behaviour itself is covered by test_expandable_segments (test_peak_headroom) */
   static const char *const ok[] = {"0", "0.2", "1", " 0.5 "};
-  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-    gpumem_context *ctx = NULL;
-    assert_status(create_with_env("GPUMEM_PEAK_HEADROOM", ok[i], 0, NULL, &ctx), GPUMEM_OK);
-    void *p = NULL;
-    assert_status(gpumem_alloc(ctx, 0, 3 * TU_MiB, NULL, &p), GPUMEM_OK);
-    assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
-    tu_ctx_done(ctx);
-  }
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) expect_env_alloc_ok("GPUMEM_PEAK_HEADROOM", ok[i], 3 * TU_MiB);
 }
 
 static void test_env_initial_bytes(void **state) {
