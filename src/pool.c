@@ -218,6 +218,34 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
   return st;
 }
 
+/* The out-of-memory report (warn, DESIGN.md "Trimming"): the request, the pool's allocated, reserved,
+ * cached bytes and its largest free block, and the frees still pending per stream (stream_order.c),
+ * formatted into buf under the pool lock; the caller adds what the other members of the shared group
+ * hold (share.c) and logs it once the lock is released (a log callback may call the library).
+ * Allocated counts the blocks in thread caches too, as everywhere in the pool: at an out of memory
+ * those caches were flushed (gpumem__tc_alloc). why: "" or a parenthesised reason. buf stays empty
+ * when no warning would be printed (the walks over blocks and streams are skipped then). */
+static void oom_report_locked(gpumem__pool *p, size_t size, const char *why, char *buf, size_t cap) {
+  buf[0] = '\0';
+  const gpumem__logger *lg = &p->ctx->opt.log;
+  if (!GPUMEM__LOG_ON(lg, GPUMEM_LOG_WARN) || (lg->fn == NULL && !lg->to_stderr)) return; /* nothing printed */
+  char pending[640];
+  gpumem__pool_pending_describe(p, pending, sizeof pending);
+  snprintf(buf, cap,
+           "device %d: out of memory allocating %zu bytes%s: allocated %llu, reserved %llu, cached %llu, largest free "
+           "block %llu bytes; frees pending: %s",
+           p->device, size, why, (unsigned long long)p->st.allocated_bytes, (unsigned long long)p->st.reserved_bytes,
+           (unsigned long long)cached_bytes(p), (unsigned long long)gpumem__pool_largest_free_locked(p), pending);
+}
+
+/* Pool lock not held: log the report oom_report_locked made, with the shared group's peers. */
+static void oom_report_log(gpumem__pool *p, const char *report) {
+  if (report[0] == '\0') return;
+  char peers[256];
+  gpumem__share_describe(p->share, peers, sizeof peers);
+  LOG(p, GPUMEM_LOG_WARN, "%s%s", report, peers);
+}
+
 gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream stream, const char *tag, void **out,
                                  gpumem__tc_acct *acct) {
   if (size > SIZE_MAX - (GPUMEM__LARGE_ROUND - 1)) return GPUMEM_ERR_INVALID_ARGUMENT; /* rounding would overflow */
@@ -314,26 +342,25 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       gpumem__mutex_lock(&p->lock);
     }
     if (st != GPUMEM_ERR_OUT_OF_MEMORY || attempt > 0 || ctx->opt.oom_callback == NULL) {
-      if (st == GPUMEM_ERR_OUT_OF_MEMORY) p->st.num_ooms++;
-      uint64_t res = p->st.reserved_bytes, alloc = p->st.allocated_bytes;
-      gpumem__mutex_unlock(&p->lock);
+      char report[1024] = "";
       if (st == GPUMEM_ERR_OUT_OF_MEMORY) {
-        char peers[256];
-        gpumem__share_describe(p->share, peers, sizeof peers);
-        LOG(p, GPUMEM_LOG_WARN, "device %d: out of memory allocating %zu bytes (allocated %llu, reserved %llu)%s",
-            p->device, size, (unsigned long long)alloc, (unsigned long long)res, peers);
+        p->st.num_ooms++;
+        oom_report_locked(p, size, "", report, sizeof report);
       }
+      gpumem__mutex_unlock(&p->lock);
+      oom_report_log(p, report);
       return st;
     }
     gpumem__mutex_unlock(&p->lock);
     /* the callback runs with no lock held: it may free and trim */
     LOG(p, GPUMEM_LOG_DEBUG, "device %d: calling the out-of-memory callback for %zu bytes", p->device, size);
     if (ctx->opt.oom_callback(ctx->opt.oom_user, p->device, size) == 0) {
+      char report[1024];
       gpumem__mutex_lock(&p->lock);
       p->st.num_ooms++;
+      oom_report_locked(p, size, " (the out-of-memory callback declined to retry)", report, sizeof report);
       gpumem__mutex_unlock(&p->lock);
-      LOG(p, GPUMEM_LOG_WARN, "device %d: out of memory allocating %zu bytes (callback declined to retry)", p->device,
-          size);
+      oom_report_log(p, report);
       return GPUMEM_ERR_OUT_OF_MEMORY;
     }
   }
@@ -768,6 +795,12 @@ uint64_t gpumem__pool_get_limit(gpumem__pool *p) {
 
 uint64_t gpumem__pool_largest_free(gpumem__pool *p) {
   gpumem__mutex_lock(&p->lock);
+  uint64_t best = gpumem__pool_largest_free_locked(p);
+  gpumem__mutex_unlock(&p->lock);
+  return best;
+}
+
+uint64_t gpumem__pool_largest_free_locked(const gpumem__pool *p) {
   uint64_t best = 0;
   for (gpumem__segment *s = p->segs; s != NULL; s = s->next) {
     if (s->kind != SEG_PLAIN) continue; /* expandable: idle chunks move to wherever a block needs them */
@@ -779,7 +812,6 @@ uint64_t gpumem__pool_largest_free(gpumem__pool *p) {
     uint64_t idle = cached_bytes(p);
     if (idle > best) best = idle;
   }
-  gpumem__mutex_unlock(&p->lock);
   return best;
 }
 

@@ -262,6 +262,13 @@ uint64_t gpumem__srec_pending_bytes(const gpumem__srec *r);
  * in pending batches, orphaned), and frees waiting for the streams gpumem_record_stream noted (*noted). */
 void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_t *own, uint64_t *other,
                            uint64_t *noted);
+/* The frees still pending, for the out-of-memory report (pool.c): per stream, oldest record first, the
+ * bytes and blocks freed on it that other streams may take only once the device has run its work (its
+ * unbatched frees and its pending batches), the first GPUMEM__PENDING_LISTED streams by name and the
+ * rest as one sum; then frees waiting for streams noted by gpumem_record_stream, and those of streams
+ * not named lately (orphans). "none" when nothing is pending. Pool lock held. */
+#define GPUMEM__PENDING_LISTED 8
+void gpumem__pool_pending_describe(const gpumem__pool *p, char *buf, size_t cap);
 gpumem_status gpumem__settle(gpumem__pool *p);
 void gpumem__solo_drain(gpumem__pool *p, gpumem__srec *r);
 gpumem_status gpumem__vm_guard(void *arg);
@@ -294,6 +301,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
 gpumem_status gpumem__vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released);
 gpumem_status gpumem__vm_clear(gpumem__pool *p);
 
+/* pool.c: gpumem__pool_largest_free with the pool lock held (the out-of-memory report) */
+uint64_t gpumem__pool_largest_free_locked(const gpumem__pool *p);
 /* pool.c: segments from the backend */
 gpumem_status gpumem__seg_create(gpumem__pool *p, size_t size, int cls, gpumem__segment **out);
 /* The allocation of rsize bytes on `stream` (record r, may be NULL) raised the reserved peak from peak0:

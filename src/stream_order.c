@@ -2,6 +2,8 @@
  * marks, and the single-stream ("solo") path of expandable pools. */
 #include "pool.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -688,6 +690,58 @@ void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_
   *own = o;
   *other = t;
   *noted = n;
+}
+
+/* buf[*at..cap) gets the formatted text; *at stops at cap - 1 once the text is cut. */
+static void say(char *buf, size_t cap, size_t *at, const char *fmt, ...) {
+  if (*at + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *at, cap - *at, fmt, ap);
+  va_end(ap);
+  if (n > 0) *at = (size_t)n < cap - *at ? *at + (size_t)n : cap - 1;
+}
+
+static const char *blocks_word(uint64_t n) { return n == 1 ? "block" : "blocks"; }
+
+void gpumem__pool_pending_describe(const gpumem__pool *p, char *buf, size_t cap) {
+  if (cap == 0) return;
+  buf[0] = '\0';
+  size_t at = 0, nstreams = 0, listed = 0;
+  uint64_t more_bytes = 0, more_blocks = 0;
+  for (const gpumem__srec *r = p->sfirst; r != NULL; r = r->onext) {
+    uint64_t nb = r->idx->nblocks;
+    for (const gpumem__batch *bt = r->batches; bt != NULL; bt = bt->snext) nb += bt->idx->nblocks;
+    if (nb == 0) continue;
+    uint64_t bytes = gpumem__srec_pending_bytes(r);
+    if (nstreams++ < GPUMEM__PENDING_LISTED) {
+      say(buf, cap, &at, "%s%llu bytes in %llu %s on ", listed++ == 0 ? "" : ", ", (unsigned long long)bytes,
+          (unsigned long long)nb, blocks_word(nb));
+      if (r->stream == NULL) say(buf, cap, &at, "the default stream");
+      else say(buf, cap, &at, "stream %p", r->stream);
+    } else {
+      more_bytes += bytes;
+      more_blocks += nb;
+    }
+  }
+  if (nstreams > listed)
+    say(buf, cap, &at, ", %llu bytes in %llu %s on %zu more stream(s)", (unsigned long long)more_bytes,
+        (unsigned long long)more_blocks, blocks_word(more_blocks), nstreams - listed);
+  /* then the frees no stream's own event releases */
+  uint64_t nbytes = 0, nblocks = 0;
+  for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next)
+    if (!d->lent) { /* (a lent block's memory is in use under another block) */
+      nbytes += d->b->size;
+      nblocks++;
+    }
+  if (nblocks > 0)
+    say(buf, cap, &at, "%s%llu bytes in %llu %s waiting for streams noted by gpumem_record_stream",
+        at == 0 ? "" : ", ", (unsigned long long)nbytes, (unsigned long long)nblocks, blocks_word(nblocks));
+  if (p->orphans != NULL && p->orphans->nblocks > 0)
+    say(buf, cap, &at, "%s%llu bytes in %llu %s of streams not named lately (until a device synchronisation)",
+        at == 0 ? "" : ", ", (unsigned long long)p->orphans->bytes, (unsigned long long)p->orphans->nblocks,
+        blocks_word(p->orphans->nblocks));
+  if (at == 0) say(buf, cap, &at, "none");
 }
 
 gpumem_status gpumem__pool_record_stream(gpumem__pool *p, void *ptr, gpumem_stream stream) {

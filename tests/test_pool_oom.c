@@ -23,7 +23,7 @@ static int oom_cb(void *user, int device, size_t requested) {
   return s->answer;
 }
 
-static gpumem_context *small_device_ctx(oom_cb_state *cb) {
+static gpumem_context *small_device_ctx_log(oom_cb_state *cb, gpumem_oom_fn fn, tu_log *log) {
   TU_REQUIRE_SIM();
   assert_int_equal(tu_ctx_live(), 0);
   tu_setenv("GPUMEM_SIM_DEVICES", "1x64MiB");
@@ -31,13 +31,16 @@ static gpumem_context *small_device_ctx(oom_cb_state *cb) {
   tu_config(&cfg);
   cfg.watch_interval_ms = 0; /* no watcher: its free-fraction trims would race the trim-and-retry counted here */
   if (cb) {
-    cfg.oom_callback = oom_cb;
+    cfg.oom_callback = fn != NULL ? fn : oom_cb;
     cfg.oom_user = cb;
   }
+  if (log) tu_log_install(&cfg, log, GPUMEM_LOG_WARN);
   gpumem_context *ctx = tu_ctx_new(&cfg);
   if (cb) cb->ctx = ctx;
   return ctx;
 }
+
+static gpumem_context *small_device_ctx(oom_cb_state *cb) { return small_device_ctx_log(cb, NULL, NULL); }
 
 static void test_trim_and_retry(void **state) {
   (void)state;
@@ -188,11 +191,98 @@ static void test_generic_backend_error_is_not_oom(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* The out-of-memory report (DESIGN.md, Trimming, item 4): one warning with the request, the
+ * device's allocated, reserved, cached bytes and largest free block (as gpumem_get_stats and
+ * gpumem_largest_free_block give them), and the frees still pending per stream. */
+static void expect_report(tu_log *log, gpumem_context *ctx, size_t want, const char *why, const char *pending) {
+  gpumem_stats st = tu_stats(ctx, 0);
+  uint64_t largest = 0;
+  assert_status(gpumem_largest_free_block(ctx, 0, &largest), GPUMEM_OK);
+  char head[128], figures[256];
+  snprintf(head, sizeof head, "device 0: out of memory allocating %zu bytes%s: ", want, why);
+  snprintf(figures, sizeof figures,
+           "allocated %llu, reserved %llu, cached %llu, largest free block %llu bytes; frees pending: ",
+           (unsigned long long)st.allocated_bytes, (unsigned long long)st.reserved_bytes,
+           (unsigned long long)st.cached_bytes, (unsigned long long)largest);
+  tu_log_dump(log);
+  assert_int_equal(tu_log_count_matching(log, "out of memory", NULL), 1);
+  assert_int_equal(tu_log_count_matching(log, head, figures, pending, NULL), 1);
+}
+
+/* A request no trim can serve (above the device) fails at once, before any wait: the report lists
+ * the frees still pending on each stream, the first 8 streams by name and the rest as one sum. A
+ * request that fits the device but not beside the live memory fails after the pool waited for
+ * every pending free and given back every free segment: nothing is pending or cached then. */
+static void test_report_names_pending_frees(void **state) {
+  (void)state;
+  tu_log *log = tu_log_new();
+  gpumem_context *ctx = small_device_ctx_log(NULL, NULL, log);
+  gpumem_sim_set_delayed(1);
+  void *live = NULL, *p[10];
+  assert_status(gpumem_alloc(ctx, 0, 8 * TU_MiB, NULL, &live), GPUMEM_OK);
+  for (int i = 0; i < 10; i++) assert_status(gpumem_alloc(ctx, 0, 2 * TU_MiB, NULL, &p[i]), GPUMEM_OK);
+  /* freed on streams whose work has not run: the other streams may not take them yet */
+  for (int i = 0; i < 10; i++) assert_status(gpumem_free(ctx, p[i], (gpumem_stream)(uintptr_t)(0x100 + i)), GPUMEM_OK);
+  void *q = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 65 * TU_MiB, NULL, &q), GPUMEM_ERR_OUT_OF_MEMORY);
+  assert_ptr_equal(q, (void *)0x1);
+  assert_true(tu_stats(ctx, 0).cached_bytes > 0);
+  expect_report(log, ctx, 65 * TU_MiB, "",
+                "2097152 bytes in 1 block on stream 0x100, 2097152 bytes in 1 block on stream 0x101, ");
+  assert_int_equal(tu_log_count_matching(log, "2097152 bytes in 1 block on stream 0x107, "
+                                              "4194304 bytes in 2 blocks on 2 more stream(s)", NULL), 1);
+  assert_int_equal(tu_log_count_matching(log, "stream 0x108", NULL), 0);
+
+  tu_log_clear(log);
+  assert_status(gpumem_alloc(ctx, 0, 60 * TU_MiB, NULL, &q), GPUMEM_ERR_OUT_OF_MEMORY);
+  expect_report(log, ctx, 60 * TU_MiB, "", "frees pending: none");
+  assert_status(gpumem_free(ctx, live, NULL), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+  tu_log_free(log);
+}
+
+static int free_on_stream_and_decline(void *user, int device, size_t requested) {
+  oom_cb_state *s = (oom_cb_state *)user;
+  s->calls++;
+  s->device = device;
+  s->requested = requested;
+  if (s->to_free) gpumem_free(s->ctx, s->to_free, (gpumem_stream)(uintptr_t)0x5b); /* work not run yet: pending */
+  s->to_free = NULL;
+  return 0;
+}
+
+/* The callback frees a block on a stream and declines to retry: the report says so, with the same
+ * figures, the block pending on that stream among them. */
+static void test_report_when_callback_declines(void **state) {
+  (void)state;
+  tu_log *log = tu_log_new();
+  oom_cb_state cb = {0};
+  gpumem_context *ctx = small_device_ctx_log(&cb, free_on_stream_and_decline, log);
+  gpumem_sim_set_delayed(1);
+  void *hog = NULL, *x = NULL, *q = (void *)0x1;
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, NULL, &hog), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 8 * TU_MiB, NULL, &x), GPUMEM_OK);
+  cb.to_free = x;
+  assert_status(gpumem_alloc(ctx, 0, 40 * TU_MiB, NULL, &q), GPUMEM_ERR_OUT_OF_MEMORY);
+  assert_ptr_equal(q, (void *)0x1);
+  assert_int_equal(cb.calls, 1);
+  assert_null(cb.to_free);
+  assert_true(tu_stats(ctx, 0).cached_bytes > 0);
+  expect_report(log, ctx, 40 * TU_MiB, " (the out-of-memory callback declined to retry)",
+                "frees pending: 8388608 bytes in 1 block on stream 0x5b");
+  assert_status(gpumem_free(ctx, hog, NULL), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+  tu_log_free(log);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_trim_and_retry),    TU_TEST(test_callback_frees_and_retries),
       TU_TEST(test_callback_declines), TU_TEST(test_no_callback_oom),
       TU_TEST(test_injected_oom_once), TU_TEST(test_generic_backend_error_is_not_oom),
+      TU_TEST(test_report_names_pending_frees), TU_TEST(test_report_when_callback_declines),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
