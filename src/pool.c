@@ -312,7 +312,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
       p->st.requested_bytes += size;
       p->st.num_allocs++;
       p->st.num_live++;
-      gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
+      gpumem__share_call(p, p->share, p->watching, watch_wanted(p));
 #ifdef GPUMEM_DEBUG
       if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after alloc");
 #endif
@@ -503,7 +503,7 @@ gpumem_status gpumem__pool_free(gpumem__pool *p, void *ptr, gpumem_stream stream
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
   srec_maybe_reap(p);
-  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
+  gpumem__share_call(p, p->share, p->watching, watch_wanted(p));
 #ifdef GPUMEM_DEBUG
   if (gpumem__pool_check_locked(p) != GPUMEM_OK) LOG(p, GPUMEM_LOG_ERROR, "invariant check failed after free");
 #endif
@@ -517,7 +517,7 @@ void gpumem__pool_free_block(gpumem__pool *p, gpumem__block *b, gpumem_stream st
   free_locked(p, b, stream, 1);
   gpumem__check_threshold(p);
   srec_maybe_reap(p);
-  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
+  gpumem__share_call(p, p->share, p->watching, watch_wanted(p));
   gpumem__mutex_unlock(&p->lock);
 }
 
@@ -552,7 +552,7 @@ void gpumem__pool_put_cached(gpumem__pool *p, gpumem__tc_acct *acct, gpumem__blo
   *d_frees = 0;
   if (n > 0) gpumem__check_threshold(p);
   srec_maybe_reap(p);
-  gpumem__share_call(p, p->share, p->watching, cached_bytes(p));
+  gpumem__share_call(p, p->share, p->watching, watch_wanted(p));
   gpumem__mutex_unlock(&p->lock);
 }
 

@@ -232,6 +232,18 @@ static inline int ctz64(uint64_t x) { return __builtin_ctzll(x); }
 
 static inline uint64_t cached_bytes(const gpumem__pool *p) { return p->st.reserved_bytes - p->st.allocated_bytes; }
 
+/* The watcher runs while this holds (share.c; DESIGN.md "Trimming"): the pool holds cached memory, or a
+ * thread cache keyed to it may hold some or take some in without a pool call. A cache's blocks count as
+ * allocated for the pool (tcache.c), and a cache takes in only blocks its thread frees; so with nothing
+ * allocated no cache holds a block, and none can before an allocation, a pool call that starts the
+ * watcher again: a pool left empty (by a trim, say) lets it end although threads stay keyed. With
+ * blocks allocated and a cache keyed, which of them are cached is known only under every cache lock,
+ * and a free into a cache makes no pool call: the watcher stays. */
+static inline int watch_wanted(const gpumem__pool *p) {
+  return cached_bytes(p) > 0 ||
+         (p->st.allocated_bytes > 0 && atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) > 0);
+}
+
 
 #define LOG(p, lvl, ...) gpumem__log(&(p)->ctx->opt.log, (lvl), __VA_ARGS__)
 

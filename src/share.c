@@ -323,7 +323,8 @@ static void answer(gpumem__pshare *ps, uint32_t seq) {
   futex_wake(&s->answer);
 }
 
-/* A tick: the free-fraction check and the figures. Returns 1 when the pool holds no cached memory (the
+/* A tick: the free-fraction check and the figures. Returns 1 when the pool holds no cached memory and no
+ * thread cache may (watch_wanted, pool.h) (the
  * thread ends: it detaches itself, or the start or destroy under way joins it). */
 static int tick(gpumem__pshare *ps) {
   gpumem__pool *p = ps->p;
@@ -341,8 +342,8 @@ static int tick(gpumem__pshare *ps) {
   }
   publish(ps);
   /* (a thread cache keyed to the pool may hold free blocks: they count as live for the pool, and an
-   * answer flushes them, so the thread stays while one is keyed) */
-  int idle = cached_bytes(p) == 0 && atomic_load_explicit(&p->tc_keyed, memory_order_relaxed) == 0;
+   * answer flushes them, so the thread stays while one may: watch_wanted, pool.h) */
+  int idle = !watch_wanted(p);
   if (idle) {
     p->watching = 0;
     if (ps->L != NULL) atomic_store_explicit(&ps->L->slots[ps->slot].listening, 0, memory_order_release);
@@ -379,7 +380,7 @@ static void *watcher(void *arg) {
           /* A free between the tick and here found no watcher and could not start one (this thread
            * held jlock, or was still running): with cached memory again, it goes on listening. */
           gpumem__mutex_lock(&p->lock);
-          int again = !atomic_load_explicit(&ps->stop, memory_order_acquire) && !p->watching && cached_bytes(p) > 0 &&
+          int again = !atomic_load_explicit(&ps->stop, memory_order_acquire) && !p->watching && watch_wanted(p) &&
                       ps->thr_made && pthread_equal(ps->thr, pthread_self());
           if (again) {
             p->watching = 1;

@@ -24,10 +24,11 @@ void gpumem__share_note_slow(gpumem__pool *p, struct gpumem__pshare *ps);
 /** Pool lock held: publish reserved, cached and live bytes in the ledger entry (three relaxed stores). */
 void gpumem__share_figures(gpumem__pool *p, struct gpumem__pshare *ps);
 /** Pool lock held, on calls that do not grow (and publish the figures): at most every watch_interval_ms, the free-fraction check
- *  while no watcher runs, and the watcher started when the pool holds cached memory. */
-static inline void gpumem__share_call(gpumem__pool *p, struct gpumem__pshare *ps, int running, uint64_t cached) {
+ *  while no watcher runs, and the watcher started when `wanted` (watch_wanted, pool.h: the pool holds cached memory,
+ *  or a thread cache may). */
+static inline void gpumem__share_call(gpumem__pool *p, struct gpumem__pshare *ps, int running, int wanted) {
   if (ps == NULL) return;
-  if (GPUMEM__UNLIKELY(!running && cached > 0)) gpumem__share_note_slow(p, ps);
+  if (GPUMEM__UNLIKELY(!running && wanted)) gpumem__share_note_slow(p, ps);
   else gpumem__share_figures(p, ps);
 }
 

@@ -73,7 +73,7 @@ void gpumem__check_threshold(gpumem__pool *p) {
 /* After growing, and at every tick of the watcher (share.c): if the device's free memory is below
  * trim_free_fraction of total, give back free segments. Returns 1 when it was below. */
 int gpumem__check_free_fraction(gpumem__pool *p) {
-  gpumem__share_call(p, p->share, p->watching, cached_bytes(p)); /* holding memory: the watcher runs (share.c) */
+  gpumem__share_call(p, p->share, p->watching, watch_wanted(p)); /* holding memory: the watcher runs (share.c) */
   double frac = p->ctx->opt.trim_free_fraction;
   if (frac <= 0.0 || p->graph || gpumem__capturing(p->ctx)) return 0;
   uint64_t fr = 0, tot = 0;

@@ -357,6 +357,34 @@ static void test_watcher_life(void **state) {
   assert_int_equal(nthreads(), base);
 }
 
+/* With thread caches on (no release threshold), a thread that allocated stays keyed to the pool: the
+ * watcher still ends once the pool is empty (a trim gave everything back), and starts again at the
+ * next allocation, even an exact fit that caches nothing in the pool (the thread's cache may keep
+ * the block at its free, without a pool call). */
+static void test_watcher_ends_with_thread_caches(void **state) {
+  (void)state;
+  TU_REQUIRE_CACHES();
+  int base = nthreads();
+  gpumem_context *ctx = mk("off", 0, 10, 0);
+  for (int round = 0; round < 2; round++) {
+    void *p;
+    assert_int_equal(gpumem_alloc(ctx, 0, round == 0 ? 4096 : 64 * MiB, NULL, &p), GPUMEM_OK);
+    assert_int_equal(nthreads(), base + 1); /* (round 1: an exact fit, the pool caches nothing) */
+    assert_int_equal(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+    uint64_t rel = 0;
+    assert_int_equal(gpumem_trim(ctx, 0, 0, &rel), GPUMEM_OK);
+    gpumem_stats st;
+    st.struct_size = sizeof st;
+    assert_int_equal(gpumem_get_stats(ctx, 0, &st), GPUMEM_OK);
+    assert_true(st.reserved_bytes == 0 && st.cached_bytes == 0);
+    int polls = 0; /* nothing held: it ends at its next tick (10 ms) */
+    while (nthreads() != base && polls++ < 2000) usleep(1000);
+    assert_int_equal(nthreads(), base);
+  }
+  assert_int_equal(gpumem_destroy(ctx, 0), GPUMEM_OK);
+  assert_int_equal(nthreads(), base);
+}
+
 /* fork() while the watcher runs and answers: the child creates a context of its own, is a member with
  * its own entry, and exits at once; the parent's watcher goes on. */
 #ifdef TU_ASAN
@@ -421,6 +449,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_options, setup, teardown),
       cmocka_unit_test_setup_teardown(test_private_device, setup, teardown),
       cmocka_unit_test_setup_teardown(test_watcher_life, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_watcher_ends_with_thread_caches, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fork, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
