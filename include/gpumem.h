@@ -166,6 +166,7 @@ typedef struct gpumem_config {
   uint32_t watch_interval_ms;  /**< at most this often the free-memory check (trim_free_fraction) runs on calls that do not grow a pool, and a watcher thread runs it while the process holds cached memory; 0 = neither; default 200; env GPUMEM_WATCH_MS */
   int stream_deps;             /**< 1: a stream about to grow an expandable pool past its peak may take blocks other streams freed whose work the device has not finished, its later work ordered after theirs on the device (cudaStreamWaitEvent) instead of new memory being made (and one about to move idle chunks for a request takes one such block the request fits in); 0 (default): a block freed on one stream serves another only once the work before the free has completed; env GPUMEM_STREAM_DEPS */
   double peak_headroom;        /**< expandable pools: new memory may be created up to this fraction past the peak of live bytes (allocated_peak) before idle chunks are moved to where a block needs them; trades memory for the driver calls of those moves (with shapes that change every step, 0.2 holds about what PyTorch's expandable_segments holds and moves nothing once warm); in [0, 1]; 0 (default): as little as possible; ignored while the device is short of memory; env GPUMEM_PEAK_HEADROOM */
+  int capture_probe;           /**< 1 (default): every allocation and free on a stream other than NULL asks the backend whether that stream is being captured into a graph (cudaStreamGetCaptureInfo), so that a capture nobody routed to a graph pool gets a pool of its own, and no call of the library invalidates it (see ::gpumem_graph_pool); the question costs what the backend charges for it (about 60-150 ns with CUDA on an H100, more with several threads asking at once), only on streams other than NULL; 0: only captures routed with gpumem_graph_pool_begin() are known (PyTorch's integration routes every capture PyTorch makes, so a process whose only captures are PyTorch's may set 0); env GPUMEM_CAPTURE_PROBE */
 } gpumem_config;
 
 /**
@@ -375,9 +376,18 @@ GPUMEM_API gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gp
  * Memory allocated from a graph pool is never handed to work outside the pool
  * while the pool exists, frees of its blocks return them to the pool only, and
  * trimming never takes memory from it. Its memory returns to the device when the
- * pool is released and its blocks are freed. Allocations made during a stream
- * capture on a stream routed to no pool go to a pool of their own, created for
- * that capture and released when the capture's last block is freed after it ended.
+ * pool is released and its blocks are freed.
+ *
+ * A capture nobody routed (cudaStreamBeginCapture with no gpumem_graph_pool_begin())
+ * gets a pool of its own: with gpumem_config.capture_probe on (the default), the
+ * library asks the backend at every allocation and free on a stream other than NULL
+ * whether the stream is being captured, and from the capture's first allocation or
+ * free the capture is known as a routed one is: its allocations, and those of the
+ * streams joined to it, go to that pool, no call synchronises the device or frees
+ * to it (gpumem_reset() gives ::GPUMEM_ERR_BUSY), and its memory is never handed to
+ * work outside it. The pool is released when the library sees the capture ended (its
+ * next allocation, free or trim), and its memory goes back once its blocks are freed
+ * (at a trim). Keep the graph's blocks allocated while the graph may be launched.
  */
 typedef struct gpumem_graph_pool gpumem_graph_pool;
 
@@ -562,7 +572,10 @@ GPUMEM_API gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int devi
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
  *         ::GPUMEM_ERR_NOT_SUPPORTED (RESET_DEVICE on a backend without device reset); ::GPUMEM_ERR_BACKEND
  *         or ::GPUMEM_ERR_OUT_OF_MEMORY (the backend reported that error synchronising the device:
- *         then nothing is invalidated, or from the device reset).
+ *         then nothing is invalidated, or from the device reset); ::GPUMEM_ERR_BUSY (a stream capture
+ *         is under way: one routed to a graph pool, one the library found (gpumem_config.capture_probe),
+ *         or one the backend reports on the device (CUDA: a blocking stream's); synchronising the device
+ *         would invalidate it: nothing is changed).
  * Later frees of invalidated pointers return ::GPUMEM_ERR_INVALID_POINTER; a scope on the device
  * frees nothing it allocated before the reset. Thread-safe, also against allocations and frees on
  * the same device in other threads (their blocks are invalidated or not, as the order falls).

@@ -141,6 +141,7 @@ static gpumem_status try_open(gpumem_context *ctx, const gpumem_backend *src, in
   memcpy(ctx->be_name, name, len);
   ctx->be_name[len] = '\0';
   ctx->has_events = (ctx->be.version >= 1 && events_complete(&ctx->be));
+  ctx->cap_probe = ctx->opt.capture_probe && gpumem__be_has_capture(ctx);
 
   if (ctx->be.init != NULL) {
     int code = ctx->be.init(&ctx->be);

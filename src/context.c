@@ -290,6 +290,13 @@ gpumem_status gpumem__alloc_slow(gpumem_context *ctx, int device, size_t size, g
   gpumem__pool *p;
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
+  /* a stream being captured that nobody routed gets a pool for its capture (graph.c) before any cache
+   * is asked: the inlined hits miss for such streams (tcache.h astream) */
+  if (stream != NULL && ctx->cap_probe && !gpumem__capturing(ctx)) {
+    int failed = 0;
+    (void)gpumem__graph_probe(ctx, device, stream, &failed);
+    if (GPUMEM__UNLIKELY(failed)) return GPUMEM_ERR_OUT_OF_MEMORY;
+  }
   /* allocations routed to a graph pool are decided where no thread cache is keyed (tc_alloc) */
   if (GPUMEM__LIKELY(ctx->tc_on) && !GPUMEM__MON_ON(ctx))
     return gpumem__tc_alloc(ctx, p, size, stream, tag, out_ptr, looked);
@@ -317,6 +324,15 @@ static __attribute__((noinline)) gpumem_status free_checked(gpumem_context *ctx,
   if (GPUMEM__UNLIKELY(ctx == NULL)) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__UNLIKELY(ptr == NULL)) return GPUMEM_OK;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  /* a free may record an event on its stream, which a capture must not have queried later: a capture
+   * found here is known from now on (graph.c); one found before may have ended */
+  if (GPUMEM__UNLIKELY(atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0)) {
+    gpumem__graph_reap(ctx);
+  } else if (stream != NULL && ctx->cap_probe && !gpumem__capturing(ctx)) {
+    gpumem__pool *bp = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr); /* (the stream is of the block's device) */
+    int failed = 0; /* (no pool for the capture: the free itself needs none) */
+    if (bp != NULL) (void)gpumem__graph_probe(ctx, gpumem__pool_device(bp), stream, &failed);
+  }
   if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
   if (GPUMEM__LIKELY(ctx->tc_on)) return gpumem__tc_free(ctx, ptr, stream);
   return gpumem__free_unmonitored(ctx, ptr, stream);
@@ -391,6 +407,7 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem__graph_reap(ctx); /* a capture that has ended no longer holds the trim back */
   uint64_t rel = 0;
   gpumem_status first = GPUMEM_OK;
   int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
@@ -466,6 +483,18 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   gpumem_status first = GPUMEM_OK;
   int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
   int hi = device == GPUMEM_ALL_DEVICES ? ctx->ndev : device + 1;
+  /* a reset synchronises the device and frees to it, which would invalidate a capture under way (and
+   * hand its graph's memory to other work): refused while one is known, or the backend reports one
+   * on a device (the NULL stream's answer: CUDA's covers the blocking streams) */
+  gpumem__graph_reap(ctx);
+  if (gpumem__capturing(ctx)) return GPUMEM_ERR_BUSY;
+  for (int d = lo; d < hi && ctx->cap_probe; d++) {
+    if (pool_get(ctx, d) == NULL) continue; /* (nothing of ours there; no query makes a context on it) */
+    int cst = GPUMEM_CAPTURE_NONE;
+    uint64_t id = 0;
+    if (gpumem__be_stream_capture(ctx, d, NULL, &cst, &id) == GPUMEM_OK && cst != GPUMEM_CAPTURE_NONE)
+      return GPUMEM_ERR_BUSY;
+  }
   for (int d = lo; d < hi; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     gpumem_status st = GPUMEM_OK;

@@ -17,6 +17,20 @@
  * back to it (gpumem__capturing; the backends make their other calls legal
  * in any capture mode). Released pools whose blocks are still live are kept
  * until those blocks are freed; gpumem_trim and gpumem_destroy give them back.
+ *
+ * A capture nobody routed gets a pool of its own. The backend reports a
+ * stream's capture state (stream_capture), so an allocation or a free on a
+ * stream other than NULL (the legacy stream, which no capture takes) that no
+ * route covers asks it first (gpumem__graph_probe; the thread caches' inlined
+ * allocation hits miss for such streams, tcache.h astream); a stream found
+ * capturing gets a pool created for that capture and a route marked `autop`,
+ * and from then on the capture is known like a routed one: the other streams
+ * of the capture find the pool by the capture's id, and no thread synchronises
+ * the device or frees to it. Such a route is dropped, and its pool released,
+ * once its stream reports the capture ended (gpumem__graph_reap, at the
+ * library's next calls: allocations and frees while captures are known,
+ * gpumem_trim, the watcher). A capture is learned of at its first allocation or
+ * free through the library: work it captured before that is the caller's.
  */
 #include "internal.h"
 #include "tcache.h"
@@ -30,6 +44,7 @@ struct gpumem_graph_pool {
   gpumem__pool *pool;
   int nroutes;     /* streams routed to it */
   int released;    /* gpumem_graph_pool_release was called: given back once its blocks are free */
+  int autop;       /* created for a capture nobody routed (gpumem__graph_probe): released when it ends */
   struct gpumem_graph_pool *next;
 };
 
@@ -37,7 +52,138 @@ typedef struct gpumem__route {
   gpumem_graph_pool *gp;
   gpumem_stream stream;
   uint64_t capture_id; /* the stream's capture, once seen capturing (0: not yet) */
+  int autop;           /* added by gpumem__graph_probe: dropped when the capture ends (gpumem__graph_reap) */
 } gpumem__route;
+
+/* Appends a route of stream to gp (caller holds ctx->lock). 0: no host memory, nothing changed. */
+static int route_add_locked(gpumem_context *ctx, gpumem_graph_pool *gp, gpumem_stream stream, uint64_t id, int autop) {
+  int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
+  if ((size_t)n == ctx->route_cap) {
+    size_t cap = ctx->route_cap ? ctx->route_cap * 2 : 4;
+    gpumem__route *r = realloc(ctx->routes, cap * sizeof *r);
+    if (r == NULL) return 0;
+    ctx->routes = r;
+    ctx->route_cap = cap;
+  }
+  ctx->routes[n].gp = gp;
+  ctx->routes[n].stream = stream;
+  ctx->routes[n].capture_id = id;
+  ctx->routes[n].autop = autop;
+  gp->nroutes++;
+  if (autop) atomic_fetch_add_explicit(&ctx->nauto, 1, memory_order_relaxed);
+  atomic_store_explicit(&ctx->nroutes, n + 1, memory_order_release);
+  return 1;
+}
+
+/* Removes route i (caller holds ctx->lock); a pool made for a capture is released with its last route. */
+static void route_drop_locked(gpumem_context *ctx, int i) {
+  int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
+  gpumem__route *r = &ctx->routes[i];
+  gpumem_graph_pool *gp = r->gp;
+  if (r->autop) atomic_fetch_sub_explicit(&ctx->nauto, 1, memory_order_relaxed);
+  if (--gp->nroutes == 0 && gp->autop) gp->released = 1;
+  ctx->routes[i] = ctx->routes[n - 1];
+  atomic_store_explicit(&ctx->nroutes, n - 1, memory_order_release);
+}
+
+/* Drops the routes found by asking the backend whose capture has ended (caller holds ctx->lock):
+ * the stream reports no capture, or another one. A stream the backend can no longer answer for
+ * (destroyed after its capture) has ended too. Returns how many were dropped. */
+static int reap_locked(gpumem_context *ctx) {
+  int dropped = 0;
+  for (int i = 0; i < atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);) {
+    gpumem__route *r = &ctx->routes[i];
+    if (r->autop) {
+      int cst = GPUMEM_CAPTURE_NONE;
+      uint64_t id = 0;
+      if (gpumem__be_stream_capture(ctx, r->gp->device, r->stream, &cst, &id) != GPUMEM_OK ||
+          cst == GPUMEM_CAPTURE_NONE || (id != 0 && id != r->capture_id)) {
+        route_drop_locked(ctx, i);
+        dropped++;
+        continue;
+      }
+    }
+    i++;
+  }
+  return dropped;
+}
+
+/* The route of capture `id` on device (caller holds ctx->lock), or NULL. Routes made before their
+ * capture began learn its id here. */
+static gpumem_graph_pool *capture_route_locked(gpumem_context *ctx, int device, uint64_t id) {
+  int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
+  for (int i = 0; i < n; i++) {
+    gpumem__route *r = &ctx->routes[i];
+    if (r->gp->device != device) continue;
+    if (r->capture_id == 0) { /* routed before its capture began: look now */
+      int rs = GPUMEM_CAPTURE_NONE;
+      uint64_t rid = 0;
+      if (gpumem__be_stream_capture(ctx, device, r->stream, &rs, &rid) == GPUMEM_OK && rs == GPUMEM_CAPTURE_ACTIVE)
+        r->capture_id = rid;
+    }
+    if (r->capture_id == id) return r->gp;
+  }
+  return NULL;
+}
+
+static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp);
+static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_stream stream, int *failed);
+
+/* The pool of capture `id`, which `stream` takes part in and no route covers: another stream's of
+ * the same capture, or one made for it now with a route from stream. NULL and *failed = 1 when no
+ * host memory is left for it. */
+static gpumem_graph_pool *capture_pool(gpumem_context *ctx, int device, gpumem_stream stream, uint64_t id,
+                                       int *failed) {
+  gpumem__mutex_lock(&ctx->lock);
+  gpumem_graph_pool *gp = capture_route_locked(ctx, device, id);
+  gpumem__mutex_unlock(&ctx->lock);
+  if (gp != NULL) return gp;
+  /* made outside the lock (pool creation takes its own); another thread of the capture may make one
+   * meanwhile, and then this one goes */
+  gpumem_graph_pool *mine = calloc(1, sizeof *mine);
+  if (mine == NULL || gpumem__pool_create_graph(ctx, device, &mine->pool) != GPUMEM_OK) {
+    free(mine);
+    *failed = 1;
+    return NULL;
+  }
+  mine->ctx = ctx;
+  mine->device = device;
+  mine->autop = 1;
+  gpumem__mutex_lock(&ctx->lock);
+  mine->next = ctx->graphs;
+  ctx->graphs = mine;
+  gp = capture_route_locked(ctx, device, id);
+  if (gp == NULL) {
+    if (route_add_locked(ctx, mine, stream, id, 1)) {
+      gp = mine;
+    } else {
+      *failed = 1;
+    }
+  }
+  if (gp != mine) graph_destroy_locked(ctx, mine); /* (empty, never routed: nothing to wait for) */
+  gpumem__mutex_unlock(&ctx->lock);
+  /* as at every route: each thread cache gives its blocks back and none is keyed while it exists */
+  if (gp == mine && ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
+  return gp;
+}
+
+gpumem_graph_pool *gpumem__graph_probe(gpumem_context *ctx, int device, gpumem_stream stream, int *failed) {
+  *failed = 0;
+  int cst = GPUMEM_CAPTURE_NONE;
+  uint64_t id = 0;
+  /* an invalidated capture makes no graph: its allocations may come from anywhere */
+  if (gpumem__be_stream_capture(ctx, device, stream, &cst, &id) != GPUMEM_OK || cst != GPUMEM_CAPTURE_ACTIVE || id == 0)
+    return NULL;
+  return capture_pool(ctx, device, stream, id, failed);
+}
+
+void gpumem__graph_reap(gpumem_context *ctx) {
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return;
+  gpumem__mutex_lock(&ctx->lock);
+  int dropped = reap_locked(ctx);
+  gpumem__mutex_unlock(&ctx->lock);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0);
+}
 
 /* An allocation from gp, announced to the monitoring hooks as every allocation is (its free
  * through gpumem_free announces its end). */
@@ -72,8 +218,13 @@ gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_g
 int gpumem__graph_alloc_routed(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
                                void **out_ptr, gpumem_status *st) {
   if (GPUMEM__LIKELY(!gpumem__capturing(ctx))) return 0;
-  gpumem_graph_pool *gp = gpumem__graph_route(ctx, device, stream);
-  if (gp == NULL) return 0;
+  int failed = 0;
+  gpumem_graph_pool *gp = graph_route(ctx, device, stream, &failed);
+  if (gp == NULL) {
+    if (!failed) return 0;
+    *st = GPUMEM_ERR_OUT_OF_MEMORY; /* a capture's own pool could not be made: not the main pool's memory */
+    return 1;
+  }
   *st = gpumem__graph_alloc(gp, size, stream, tag, out_ptr);
   return 1;
 }
@@ -102,32 +253,25 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem_status st = GPUMEM_OK;
   gpumem__mutex_lock(&ctx->lock);
+  int dropped = atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0 ? reap_locked(ctx) : 0;
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n; i++)
     if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == gp->device) {
-      st = GPUMEM_ERR_INVALID_ARGUMENT; /* routed already (to this pool or another) */
-      goto out;
+      if (!ctx->routes[i].autop) {
+        st = GPUMEM_ERR_INVALID_ARGUMENT; /* routed already (to this pool or another) */
+        goto out;
+      }
+      route_drop_locked(ctx, i); /* named now: the pool found for its capture keeps what it has */
+      dropped++;
+      break;
     }
-  if ((size_t)n == ctx->route_cap) {
-    size_t cap = ctx->route_cap ? ctx->route_cap * 2 : 4;
-    gpumem__route *r = realloc(ctx->routes, cap * sizeof *r);
-    if (r == NULL) {
-      st = GPUMEM_ERR_OUT_OF_MEMORY;
-      goto out;
-    }
-    ctx->routes = r;
-    ctx->route_cap = cap;
-  }
   int cst = GPUMEM_CAPTURE_NONE;
   uint64_t id = 0;
   if (gpumem__be_stream_capture(ctx, gp->device, stream, &cst, &id) != GPUMEM_OK || cst != GPUMEM_CAPTURE_ACTIVE) id = 0;
-  ctx->routes[n].gp = gp;
-  ctx->routes[n].stream = stream;
-  ctx->routes[n].capture_id = id;
-  gp->nroutes++;
-  atomic_store_explicit(&ctx->nroutes, n + 1, memory_order_release);
+  if (!route_add_locked(ctx, gp, stream, id, 0)) st = GPUMEM_ERR_OUT_OF_MEMORY;
 out:
   gpumem__mutex_unlock(&ctx->lock);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0);
   /* every thread cache gives its blocks back and lets go of the context; with the route counted
    * first, none is keyed to it again until the last route ends (tcache.c) */
   if (st == GPUMEM_OK && ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
@@ -143,9 +287,7 @@ gpumem_status gpumem_graph_pool_end(gpumem_graph_pool *gp, gpumem_stream stream)
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n; i++) {
     if (ctx->routes[i].gp != gp || ctx->routes[i].stream != stream) continue;
-    ctx->routes[i] = ctx->routes[n - 1];
-    gp->nroutes--;
-    atomic_store_explicit(&ctx->nroutes, n - 1, memory_order_release);
+    route_drop_locked(ctx, i);
     st = GPUMEM_OK;
     break;
   }
@@ -153,31 +295,27 @@ gpumem_status gpumem_graph_pool_end(gpumem_graph_pool *gp, gpumem_stream stream)
   return st;
 }
 
-gpumem_graph_pool *gpumem__graph_route(gpumem_context *ctx, int device, gpumem_stream stream) {
+/* The graph pool an allocation on (device, stream) goes to while routes exist, or NULL: the stream's
+ * route; else, when the stream is being captured, the pool of its capture (a stream forked into a
+ * routed stream's capture, an event waited on in it, allocates for that graph), made for it if no
+ * route has that capture (*failed = 1 when that fails). Ended captures found by asking are reaped first. */
+static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_stream stream, int *failed) {
   gpumem_graph_pool *found = NULL;
+  int cst = GPUMEM_CAPTURE_NONE, dropped = 0;
+  uint64_t id = 0;
   gpumem__mutex_lock(&ctx->lock);
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0) dropped = reap_locked(ctx);
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n && found == NULL; i++)
     if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == device) found = ctx->routes[i].gp;
-  if (found == NULL && n > 0 && gpumem__be_has_capture(ctx)) {
-    /* a stream forked into a routed stream's capture (an event waited on in it) allocates for that graph */
-    int cst = GPUMEM_CAPTURE_NONE;
-    uint64_t id = 0;
-    if (gpumem__be_stream_capture(ctx, device, stream, &cst, &id) == GPUMEM_OK && cst == GPUMEM_CAPTURE_ACTIVE && id != 0) {
-      for (int i = 0; i < n && found == NULL; i++) {
-        gpumem__route *r = &ctx->routes[i];
-        if (r->gp->device != device) continue;
-        if (r->capture_id == 0) { /* routed before its capture began: look now */
-          int rs = GPUMEM_CAPTURE_NONE;
-          uint64_t rid = 0;
-          if (gpumem__be_stream_capture(ctx, device, r->stream, &rs, &rid) == GPUMEM_OK && rs == GPUMEM_CAPTURE_ACTIVE)
-            r->capture_id = rid;
-        }
-        if (r->capture_id == id) found = r->gp;
-      }
-    }
-  }
+  if (found == NULL && gpumem__be_has_capture(ctx) &&
+      gpumem__be_stream_capture(ctx, device, stream, &cst, &id) == GPUMEM_OK && cst == GPUMEM_CAPTURE_ACTIVE && id != 0)
+    found = capture_route_locked(ctx, device, id);
   gpumem__mutex_unlock(&ctx->lock);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0);
+  /* a capture nobody routed (the NULL stream reports one of the device's captures, without an id) */
+  if (found == NULL && stream != NULL && cst == GPUMEM_CAPTURE_ACTIVE && id != 0)
+    found = capture_pool(ctx, device, stream, id, failed);
   return found;
 }
 
@@ -248,6 +386,7 @@ void gpumem__graph_collect(gpumem_context *ctx, int destroy_all) {
     ctx->routes = NULL;
     ctx->route_cap = 0;
     atomic_store_explicit(&ctx->nroutes, 0, memory_order_relaxed);
+    atomic_store_explicit(&ctx->nauto, 0, memory_order_relaxed);
   } else if (!gpumem__capturing(ctx)) {
     gpumem_graph_pool *gp = ctx->graphs;
     while (gp != NULL) {

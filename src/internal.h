@@ -85,6 +85,7 @@ typedef struct gpumem__options {
   uint32_t watch_interval_ms;    /* 0: no watcher, no periodic free-memory check */
   int stream_deps;               /* 1: a growth may take other streams' pending frees (gpumem__adopt_pending) */
   double peak_headroom;          /* [0, 1]: new memory past the live peak before idle chunks move (vmseg.c, fill) */
+  int capture_probe;             /* 1: allocations and frees on streams other than NULL ask about capture (graph.c) */
 } gpumem__options;
 
 /** Kinds of option value (how the environment string is parsed). */
@@ -322,6 +323,9 @@ struct gpumem_context {
   struct gpumem_graph_pool *graphs; /* every graph pool of the context, under lock */
   struct gpumem__route *routes; /* nroutes entries, under lock */
   size_t route_cap;
+  atomic_int nauto;             /* routes of captures nobody routed, found by asking the backend (graph.c) */
+  int cap_probe;                /* the backend reports capture: an allocation or free on a stream other than
+                                 * NULL asks whether that stream is captured (graph.c, gpumem__graph_probe) */
 };
 
 /** 1 while a stream is routed to a graph pool (graph.c): no device synchronisation or backend free now. */
@@ -335,8 +339,6 @@ static inline uint64_t gpumem__mono_ns(void) {
 static inline int gpumem__capturing(const gpumem_context *ctx) {
   return atomic_load_explicit(&((gpumem_context *)ctx)->nroutes, memory_order_acquire) > 0;
 }
-/** graph.c: the graph pool an allocation on (device, stream) is routed to, or NULL. */
-struct gpumem_graph_pool *gpumem__graph_route(gpumem_context *ctx, int device, gpumem_stream stream);
 /** graph.c: an allocation from a graph pool (gpumem_graph_pool_alloc, and allocations routed to it). */
 gpumem_status gpumem__graph_alloc(struct gpumem_graph_pool *gp, size_t size, gpumem_stream stream, const char *tag,
                                   void **out_ptr);
@@ -345,6 +347,14 @@ gpumem_status gpumem__graph_alloc(struct gpumem_graph_pool *gp, size_t size, gpu
  * (none is while routes exist), so a keyed cache's path never pays for it. */
 int gpumem__graph_alloc_routed(gpumem_context *ctx, int device, size_t size, gpumem_stream stream, const char *tag,
                                void **out_ptr, gpumem_status *st);
+/** graph.c: before an allocation or free on `stream` (not NULL) that no route covers: when the backend
+ * says the stream is being captured, the capture gets a graph pool of its own and a route to it, so
+ * that gpumem__capturing() holds from here on. Returns that pool, or NULL (no capture, or no host
+ * memory for the pool: the allocation then fails with GPUMEM_ERR_OUT_OF_MEMORY in the caller). */
+struct gpumem_graph_pool *gpumem__graph_probe(gpumem_context *ctx, int device, gpumem_stream stream, int *failed);
+/** graph.c: drops the routes of the captures found by gpumem__graph_probe that have ended (their pools
+ * are then released: given back once their blocks are freed). */
+void gpumem__graph_reap(gpumem_context *ctx);
 /** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
 /** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */

@@ -53,6 +53,9 @@ static const gpumem__option_desc gpumem__options_tab[] = {
     GPUMEM__OPT(peak_headroom, "GPUMEM_PEAK_HEADROOM", GPUMEM__OPT_FRACTION, "0",
                 "expandable pools: new memory may go this fraction past the peak of live bytes before idle chunks are moved "
                 "(memory for the driver calls of moves); 0: as little as possible"),
+    GPUMEM__OPT(capture_probe, "GPUMEM_CAPTURE_PROBE", GPUMEM__OPT_BOOL, "1",
+                "1: an allocation or free on a stream other than NULL asks the backend whether the stream is being captured, "
+                "so that a capture nobody routed to a graph pool gets one of its own; 0: only routed captures are known"),
 };
 
 const gpumem__option_desc *gpumem__options_table(size_t *count) {
@@ -346,6 +349,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
     GPUMEM__TAKE(watch_interval_ms);
     GPUMEM__TAKE(stream_deps);
     GPUMEM__TAKE(peak_headroom);
+    GPUMEM__TAKE(capture_probe);
 #undef GPUMEM__TAKE
   }
 
@@ -397,6 +401,7 @@ gpumem_status gpumem__options_resolve(const gpumem_config *cfg_in, gpumem__optio
   o.expandable = cfg.expandable != 0;
   o.stream_deps = cfg.stream_deps != 0;
   o.peak_headroom = cfg.peak_headroom;
+  o.capture_probe = cfg.capture_probe != 0;
   if (parse_share(cfg.share != NULL ? cfg.share : "user", o.share) != 0) {
     gpumem__log(&o.log, GPUMEM_LOG_WARN,
                 "gpumem_config.share \"%.64s\" is invalid: expected user, off, or a group name (letters, digits, "

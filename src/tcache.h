@@ -74,6 +74,9 @@ typedef struct gpumem__tc {
   int dev;                     /* key: device of pool */
   gpumem_context *ctx;         /* key; NULL = detached (then every bin and own entry is empty) */
   gpumem_stream stream;        /* key */
+  gpumem_stream astream;       /* the key the allocation hits match: stream, or (stream ^ 1, a handle no call
+                                * passes) when an allocation on stream must first ask whether it is captured
+                                * (gpumem__graph_probe: only NULL, which no capture takes, needs not) */
   gpumem__pool *pool;
   gpumem__tc_acct acct;        /* room, budget, headroom (see internal.h); cached bytes == 0 iff no block cached */
   int64_t d_req;               /* counters not yet in the pool's statistics (live = allocs - frees) */
@@ -294,7 +297,7 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return gpumem__tc_large_held(c) ? -2 : 0; /* alloc_large (context.c) */
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
-  if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->stream == stream)) {
+  if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->astream == stream)) {
     /* (from here on the call's ctx, dev and stream are the cache's: alloc_near in context.c reads them there) */
     size_t rsize = (size + 255) & ~(size_t)255;
     unsigned k = c->class_of[rsize >> 8];

@@ -184,6 +184,145 @@ static void test_noted_free_during_capture(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A capture nobody routed gets a pool of its own (DESIGN.md "Graphs"): the library asks the backend
+ * at the capture's first allocation on the stream, and from then on the capture is known as a routed
+ * one is: its memory is not the device pool's cached memory, a free in it returns to its pool, other
+ * threads' allocations, frees (the NULL stream's too) and trims leave the capture intact, and after
+ * it ends nothing outside gets the graph's memory while its blocks live. */
+static void test_unrouted_capture_gets_own_pool(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  void *before, *small, *early, *nul;
+  assert_status(gpumem_alloc(ctx, 0, 8 << 20, SA, &before), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 2 << 20, NULL, &nul), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 64 << 10, SA, &small), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, small, SA), GPUMEM_OK); /* in the thread cache */
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &early), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, early, SA), GPUMEM_OK); /* in the large slot, or the pool */
+  gpumem_stats dev0 = tu_stats(ctx, 0);
+
+  capture_begin(SA);
+  void *g1, *g2, *g3;
+  assert_status(gpumem_alloc(ctx, 0, 64 << 10, SA, &g1), GPUMEM_OK);
+  side_arg sa = {ctx, GPUMEM_ERR_INTERNAL};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, side_thread, &sa), 0);
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &g2), GPUMEM_OK);
+  assert_false(overlaps(g1, 64 << 10, small, 64 << 10));
+  assert_false(overlaps(g2, 4 << 20, early, 4 << 20));
+  gpumem_stats dev = tu_stats(ctx, 0);
+  assert_int_equal(dev.num_live, dev0.num_live + 2); /* the capture's pool counts with the device */
+  assert_true(dev.reserved_bytes >= dev0.reserved_bytes + (4u << 20));
+  assert_status(gpumem_free(ctx, g2, SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &g3), GPUMEM_OK);
+  assert_ptr_equal(g3, g2); /* freed in the capture: back to its pool, for the graph's next allocation */
+  assert_status(gpumem_free(ctx, before, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, nul, NULL), GPUMEM_OK); /* the legacy stream, while a stream captures */
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_ERR_BUSY); /* it would synchronise the device */
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_status(sa.st, GPUMEM_OK);
+  capture_end_intact(SA);
+
+  /* the graph may replay while its blocks live: the device pool's allocations stay off them */
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  for (int i = 0; i < 16; i++) {
+    void *q;
+    size_t n = i % 2 ? (size_t)64 << 10 : (size_t)(i % 4 + 1) << 20;
+    assert_status(gpumem_alloc(ctx, 0, n, i % 3 ? SA : SB, &q), GPUMEM_OK);
+    assert_false(overlaps(q, n, g1, 64 << 10));
+    assert_false(overlaps(q, n, g3, 4 << 20));
+    assert_status(gpumem_free(ctx, q, i % 3 ? SA : SB), GPUMEM_OK);
+  }
+  /* ended: a reset is allowed again, and the capture's pool goes back once its blocks are freed */
+  assert_status(gpumem_free(ctx, g1, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, g3, SA), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  dev = tu_stats(ctx, 0);
+  assert_int_equal(dev.num_live, 0);
+  assert_int_equal(dev.reserved_bytes, 0);
+  uint64_t used = 1;
+  assert_status(gpumem_sim_used_bytes(0, &used), GPUMEM_OK);
+  assert_int_equal(used, 0);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+/* Two captures at once, neither routed: each its own pool; a second capture of the same stream after
+ * the first ended gets a new one; a capture routed after the library found it takes the named pool
+ * from then on. */
+static void test_unrouted_captures_apart(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  capture_begin(SA);
+  capture_begin(SB);
+  void *a, *b, *a2;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &a), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SB, &b), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, a, SA), GPUMEM_OK);
+  /* a's block is SA's capture's: SB's capture does not get it */
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SB, &a2), GPUMEM_OK);
+  assert_false(overlaps(a2, 1 << 20, a, 1 << 20));
+  assert_status(gpumem_free(ctx, a2, SB), GPUMEM_OK);
+  capture_end_intact(SA);
+  /* the same stream again, a new capture: not the first capture's memory while b lives */
+  capture_begin(SA);
+  void *c;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &c), GPUMEM_OK);
+  assert_false(overlaps(c, 1 << 20, b, 1 << 20));
+  /* named now: later allocations of the capture go to the named pool */
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_OK);
+  void *d;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &d), GPUMEM_OK);
+  gpumem_stats gs;
+  memset(&gs, 0, sizeof gs);
+  assert_status(gpumem_graph_pool_get_stats(gp, &gs), GPUMEM_OK);
+  assert_int_equal(gs.num_live, 1);
+  capture_end_intact(SA);
+  capture_end_intact(SB);
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, d, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  gpumem_stats dev = tu_stats(ctx, 0);
+  assert_int_equal(dev.num_live, 0);
+  assert_int_equal(dev.reserved_bytes, 0);
+  tu_ctx_done(ctx);
+}
+
+/* gpumem_reset during a routed capture: GPUMEM_ERR_BUSY, nothing invalidated (the blocks stay live,
+ * the capture intact); after it, the reset goes through. */
+static void test_reset_during_capture(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  void *p, *g;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SB, &p), GPUMEM_OK);
+  gpumem_graph_pool *gp;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_begin(gp, SA), GPUMEM_OK);
+  capture_begin(SA);
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &g), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, GPUMEM_ALL_DEVICES, 0), GPUMEM_ERR_BUSY);
+  assert_status(gpumem_reset(ctx, 0, GPUMEM_RESET_DEVICE), GPUMEM_ERR_BUSY);
+  capture_end_intact(SA);
+  assert_status(gpumem_graph_pool_end(gp, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SB), GPUMEM_OK); /* still live: nothing was invalidated */
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  /* a capture the library has not seen yet, but the device reports (the NULL stream's answer) */
+  capture_begin(SB);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_ERR_BUSY);
+  capture_end_intact(SB);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 /* Explicit allocation from a pool (PyTorch's filter-based routing), outside any capture too. */
 static void test_explicit_alloc(void **state) {
   (void)state;
@@ -393,6 +532,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_capture_allocates_in_pool, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_forked_stream_follows_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_noted_free_during_capture, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_unrouted_capture_gets_own_pool, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_unrouted_captures_apart, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_reset_during_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_explicit_alloc, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),

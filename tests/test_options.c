@@ -24,6 +24,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.log_level, GPUMEM_LOG_WARN);
   assert_int_equal(cfg.stream_deps, 0);
   assert_true(cfg.peak_headroom == 0.0);
+  assert_int_equal(cfg.capture_probe, 1);
   gpumem_config_init(NULL); /* harmless */
 }
 
@@ -221,6 +222,10 @@ static void test_env_garbage(void **state) {
 
   expect_env_rejected("GPUMEM_LOG", "loud");
   expect_env_rejected("GPUMEM_LOG", "5");
+  static const char *const bool_vars[] = {"GPUMEM_EXPANDABLE", "GPUMEM_STREAM_DEPS", "GPUMEM_CAPTURE_PROBE"};
+  static const char *const bad_bools[] = {"2", "maybe", "-1", "1x"};
+  for (size_t v = 0; v < sizeof bool_vars / sizeof bool_vars[0]; v++)
+    for (size_t i = 0; i < sizeof bad_bools / sizeof bad_bools[0]; i++) expect_env_rejected(bool_vars[v], bad_bools[i]);
 }
 
 static void test_env_backend(void **state) {
@@ -395,6 +400,13 @@ static void test_env_peak_headroom(void **state) {
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) expect_env_alloc_ok("GPUMEM_PEAK_HEADROOM", ok[i], 3 * TU_MiB);
 }
 
+static void test_env_capture_probe(void **state) {
+  (void)state;
+  /* 0 and 1 parse; what each does is covered by test_graph_pool and the Python test_capture_probe_keyword */
+  static const char *const ok[] = {"0", "1"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) expect_env_alloc_ok("GPUMEM_CAPTURE_PROBE", ok[i], 3 * TU_MiB);
+}
+
 static void test_env_initial_bytes(void **state) {
   (void)state;
   gpumem_context *ctx = NULL;
@@ -496,6 +508,7 @@ int main(void) {
       TU_TEST(test_env_limit_fraction),
       TU_TEST(test_env_trim_free_fraction),
       TU_TEST(test_env_peak_headroom),
+      TU_TEST(test_env_capture_probe),
       TU_TEST(test_env_initial_bytes),
       TU_TEST(test_env_log),
       TU_TEST(test_env_sim_devices_garbage),

@@ -63,6 +63,7 @@ module gpumem
      integer(c_int32_t) :: watch_interval_ms = 200
      integer(c_int) :: stream_deps = 0
      real(c_double) :: peak_headroom = 0.0_c_double
+     integer(c_int) :: capture_probe = 1
   end type gpumem_config
 
   !> gpumem_stats (struct_size is set by gpumem_get_stats_f).

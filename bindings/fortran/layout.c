@@ -17,6 +17,7 @@ size_t gpumem_ftest_layout(int what) {
   case 6: return offsetof(gpumem_device_info, physical_index);
   case 7: return offsetof(gpumem_config, initial_bytes);
   case 8: return offsetof(gpumem_config, peak_headroom);
+  case 9: return offsetof(gpumem_config, capture_probe);
   default: return 0;
   }
 }

@@ -34,6 +34,7 @@ program test_gpumem_fortran
   call check(offset(c_loc(info), c_loc(info%physical_index)) == layout(6), "offsetof(info, physical_index)")
   call check(offset(c_loc(cfg), c_loc(cfg%initial_bytes)) == layout(7), "offsetof(config, initial_bytes)")
   call check(offset(c_loc(cfg), c_loc(cfg%peak_headroom)) == layout(8), "offsetof(config, peak_headroom)")
+  call check(offset(c_loc(cfg), c_loc(cfg%capture_probe)) == layout(9), "offsetof(config, capture_probe)")
 
   ! ---- status names ----
   call check(gpumem_status_name_f(GPUMEM_OK) == "GPUMEM_OK", "status name OK")

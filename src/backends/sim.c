@@ -312,6 +312,8 @@ static int g_sh_held;             /* this process holds g_sh->lock (under g_lock
 static uint64_t g_uuid_salt;      /* 0, or the hash of GPUMEM_SIM_SHARED: the devices' UUIDs depend on it */
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+/* g.ndev for stream_capture's answer without the lock (0: no state); stored under g_lock */
+static int g_qdev;
 /* fork(): a child must be able to create a sim context of its own even if
  * another parent thread held g_lock at the fork. */
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
@@ -819,7 +821,8 @@ static void sim__state_free(void) {
   free(g.dev);
   g.dev = NULL;
   g.ndev = 0;
-  g.ncaptures = 0;
+  __atomic_store_n(&g_qdev, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&g.ncaptures, 0, __ATOMIC_RELEASE);
   sim__sh_close();
   for (size_t i = 0; i < g.events.cap; i++)
     if (g.events.keys[i]) free((void *)g.events.keys[i]);
@@ -893,6 +896,7 @@ static int sim_init(gpumem_backend *be) {
         rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
       } else {
         g.ndev = cfg.nvis;
+        __atomic_store_n(&g_qdev, cfg.nvis, __ATOMIC_RELEASE);
         for (int i = 0; i < cfg.nvis; i++) {
           g.dev[i].physical = cfg.visible[i];
           g.dev[i].capacity = cfg.capacity[cfg.visible[i]];
@@ -903,6 +907,7 @@ static int sim_init(gpumem_backend *be) {
           free(g.dev);
           g.dev = NULL;
           g.ndev = 0;
+  __atomic_store_n(&g_qdev, 0, __ATOMIC_RELEASE);
         }
       }
     }
@@ -1720,6 +1725,14 @@ static int sim__capture_query(int device, gpumem_stream stream, int *status, uin
 static int sim_stream_capture(gpumem_backend *be, int device, gpumem_stream stream, int *status, uint64_t *capture_id) {
   (void)be;
   if (!status || !capture_id) return GPUMEM_SIM_ERR_INVALID_VALUE;
+  /* no capture anywhere: the answer without the lock (the core asks at every allocation on a stream
+   * other than NULL; a driver's query of a stream's capture state takes no global lock either) */
+  if (__atomic_load_n(&g.ncaptures, __ATOMIC_ACQUIRE) == 0 && device >= 0 &&
+      device < __atomic_load_n(&g_qdev, __ATOMIC_ACQUIRE)) {
+    *status = GPUMEM_CAPTURE_NONE;
+    *capture_id = 0;
+    return 0;
+  }
   pthread_mutex_lock(&g_lock);
   int rc = sim__capture_query(device, stream, status, capture_id, NULL);
   pthread_mutex_unlock(&g_lock);
@@ -1911,7 +1924,7 @@ GPUMEM_API gpumem_status gpumem_sim_stream_begin_capture(int device, gpumem_stre
       s->cap_id = ++g_ctl.next_capture_id;
       s->cap_nodes = 0;
       s->cap_thread = sim__self();
-      g.ncaptures++;
+      __atomic_fetch_add(&g.ncaptures, 1, __ATOMIC_RELEASE);
     }
   } else {
     st = sim__status_of(rc);
@@ -1937,7 +1950,7 @@ GPUMEM_API gpumem_status gpumem_sim_stream_end_capture(int device, gpumem_stream
       s->cap_status = GPUMEM_CAPTURE_NONE;
       s->cap_id = 0;
       s->cap_thread = 0;
-      g.ncaptures--;
+      __atomic_fetch_sub(&g.ncaptures, 1, __ATOMIC_RELEASE);
     }
   } else {
     st = sim__status_of(rc);

@@ -290,6 +290,13 @@ class Context:
             holds about what PyTorch's ``expandable_segments`` holds when
             shapes change every step); None keeps the default (0, or
             ``GPUMEM_PEAK_HEADROOM``).
+        capture_probe: True (the default, or ``GPUMEM_CAPTURE_PROBE``) makes
+            every allocation and free on a stream other than the default one
+            ask the driver whether the stream is being captured into a CUDA
+            graph, so that a capture nobody announced (CuPy's
+            ``Stream.begin_capture``) gets a pool of its own; False: only
+            announced captures (PyTorch's ``torch.cuda.graph`` announces
+            its own) are known, and those calls save the question.
 
     A context is a context manager: leaving the ``with`` block closes it.
     Closing ends open scopes, marks the remaining :class:`Buffer` objects
@@ -320,6 +327,7 @@ class Context:
         expandable: Optional[Union[bool, int]] = None,
         stream_deps: Optional[Union[bool, int]] = None,
         peak_headroom: Optional[float] = None,
+        capture_probe: Optional[Union[bool, int]] = None,
     ) -> None:
         cfg = capi.Config()
         capi.lib.gpumem_config_init(byref(cfg))
@@ -355,6 +363,11 @@ class Context:
             cfg.stream_deps = d
         if peak_headroom is not None:
             cfg.peak_headroom = _real(peak_headroom, "peak_headroom")
+        if capture_probe is not None:
+            c = int(capture_probe) if isinstance(capture_probe, bool) else _int(capture_probe, "capture_probe")
+            if c not in (0, 1):
+                raise _arg_error("capture_probe must be 0 or 1 (or a bool), got %d" % c)
+            cfg.capture_probe = c
         if share is not None and not isinstance(share, str):
             raise TypeError("share must be a str ('user', 'off' or a group name), got %r" % type(share).__name__)
         share_b = None if share is None else share.encode("utf-8")

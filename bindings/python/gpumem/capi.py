@@ -135,6 +135,7 @@ class Config(Structure):
         ("watch_interval_ms", c_uint32),
         ("stream_deps", c_int),
         ("peak_headroom", c_double),
+        ("capture_probe", c_int),
     ]
 
 

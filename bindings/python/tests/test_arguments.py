@@ -6,6 +6,8 @@ and device=1.7 or device="0" were taken (docs/PYTHON.md promises TypeError)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 import gpumem
@@ -151,6 +153,8 @@ def test_flags_out_of_range():
         ({"peak_headroom": 1.5}, gpumem.InvalidArgumentError),
         ({"peak_headroom": -0.1}, gpumem.InvalidArgumentError),
         ({"peak_headroom": float("nan")}, gpumem.InvalidArgumentError),
+        ({"capture_probe": 2}, gpumem.InvalidArgumentError),
+        ({"capture_probe": "1"}, TypeError),
         ({"custom_backend": 2**64}, gpumem.InvalidArgumentError),
         ({"custom_backend": 1.0}, TypeError),
         ({"oom_callback": 5}, TypeError),
@@ -199,6 +203,32 @@ def test_peak_headroom_keyword():
             x.free()
     assert held[0] == held[0.0] == 20 * MiB
     assert held[1] == held[1.0] == 36 * MiB
+
+
+def test_capture_probe_keyword():
+    """capture_probe: on (the default), an allocation on a stream the sim captures, which nobody routed
+    to a graph pool, does not get the block freed before on that stream (it is the device pool's: the
+    capture gets a pool of its own); off, it does, as the stream's own cached block."""
+    lib = gpumem.capi.lib
+    begin, end = lib.gpumem_sim_stream_begin_capture, lib.gpumem_sim_stream_end_capture
+    begin.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    end.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    s = 0x5000
+    same = {}
+    for probe in (None, True, 1, False, 0):
+        with gpumem.Context(backend="sim", capture_probe=probe, flags=gpumem.CONFIG_NO_ENV) as c:
+            before = c.alloc(4 * MiB, stream=s)
+            addr = before.ptr
+            before.free()
+            assert begin(0, s, 0) == 0
+            try:
+                with c.alloc(4 * MiB, stream=s) as g:
+                    same[probe] = g.ptr == addr
+            finally:
+                inval = ctypes.c_int(-1)
+                assert end(0, s, ctypes.byref(inval)) == 0
+            assert inval.value == 0
+    assert same == {None: False, True: False, 1: False, False: True, 0: True}
 
 
 def test_sizes_and_keep_bytes(ctx):

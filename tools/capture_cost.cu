@@ -1,0 +1,88 @@
+// capture_cost: what asking the CUDA runtime whether a stream is being captured costs
+// (cudaStreamGetCaptureInfo, the query the cuda backend's stream_capture makes), on a stream that is
+// not captured, from 1 and from T threads at once, each on a stream of its own. libgpumem asks it at
+// every allocation on a stream other than NULL, so that a capture nobody announced gets a pool of
+// its own (src/graph.c); this is that price.
+//
+//   nvcc -O2 -o capture_cost tools/capture_cost.cu -lpthread && ./capture_cost [CALLS] [THREADS]
+//
+// Prints the median over 5 runs of ns per call, for 1 thread and for THREADS threads (per call of
+// each thread, all running at once).
+#include <cuda_runtime.h>
+
+#include <pthread.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+static double now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+struct arg {
+  cudaStream_t s;
+  long calls;
+  double ns;
+  pthread_barrier_t *go;
+};
+
+static void *worker(void *p) {
+  arg *a = static_cast<arg *>(p);
+  cudaSetDevice(0);
+  cudaStreamCaptureStatus st;
+  unsigned long long id = 0;
+  pthread_barrier_wait(a->go);
+  double t0 = now_ns();
+  for (long i = 0; i < a->calls; i++) {
+#if CUDART_VERSION >= 13000
+    if (cudaStreamGetCaptureInfo(a->s, &st, &id, nullptr, nullptr, nullptr, nullptr) != cudaSuccess) std::abort();
+#else
+    if (cudaStreamGetCaptureInfo(a->s, &st, &id) != cudaSuccess) std::abort();
+#endif
+    if (st != cudaStreamCaptureStatusNone) std::abort();
+  }
+  a->ns = (now_ns() - t0) / a->calls;
+  return nullptr;
+}
+
+static double run(int threads, long calls, std::vector<cudaStream_t> &streams) {
+  std::vector<pthread_t> t(threads);
+  std::vector<arg> a(threads);
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, nullptr, threads);
+  for (int i = 0; i < threads; i++) {
+    a[i] = {streams[i], calls, 0, &go};
+    pthread_create(&t[i], nullptr, worker, &a[i]);
+  }
+  double sum = 0;
+  for (int i = 0; i < threads; i++) {
+    pthread_join(t[i], nullptr);
+    sum += a[i].ns;
+  }
+  pthread_barrier_destroy(&go);
+  return sum / threads;
+}
+
+int main(int argc, char **argv) {
+  long calls = argc > 1 ? atol(argv[1]) : 1000000;
+  int threads = argc > 2 ? atoi(argv[2]) : 16;
+  if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+    fprintf(stderr, "capture_cost: no device\n");
+    return 1;
+  }
+  std::vector<cudaStream_t> streams(threads);
+  for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (int n : {1, threads}) {
+    std::vector<double> r;
+    for (int rep = 0; rep < 5; rep++) r.push_back(run(n, calls, streams));
+    std::sort(r.begin(), r.end());
+    printf("cudaStreamGetCaptureInfo, %2d thread(s), a stream each: %.1f ns per call (median of 5; %.1f-%.1f)\n", n,
+           r[2], r[0], r[4]);
+  }
+  return 0;
+}
