@@ -353,6 +353,16 @@ int gpumem__be_has_capture(const gpumem_context *ctx) {
   return ctx->be.version >= 3 && ctx->be.stream_capture != NULL;
 }
 
+int gpumem__be_capture_ended(gpumem_context *ctx, int dev, gpumem_stream s, uint64_t capture_id) {
+  int st = GPUMEM_CAPTURE_NONE;
+  uint64_t id = 0;
+  if (!gpumem__be_has_capture(ctx)) return 1;
+  /* quiet: a stream destroyed after its capture is the common way for the question to fail */
+  if (ctx->be.stream_capture(&ctx->be, dev, s, &st, &id) != 0) return 1;
+  return st == GPUMEM_CAPTURE_NONE || (st != GPUMEM_CAPTURE_ACTIVE && st != GPUMEM_CAPTURE_INVALIDATED) ||
+         (id != 0 && id != capture_id);
+}
+
 gpumem_status gpumem__be_stream_capture(gpumem_context *ctx, int dev, gpumem_stream s, int *status,
                                         uint64_t *capture_id) {
   int st = GPUMEM_CAPTURE_NONE;

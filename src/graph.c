@@ -93,15 +93,10 @@ static int reap_locked(gpumem_context *ctx) {
   int dropped = 0;
   for (int i = 0; i < atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);) {
     gpumem__route *r = &ctx->routes[i];
-    if (r->autop) {
-      int cst = GPUMEM_CAPTURE_NONE;
-      uint64_t id = 0;
-      if (gpumem__be_stream_capture(ctx, r->gp->device, r->stream, &cst, &id) != GPUMEM_OK ||
-          cst == GPUMEM_CAPTURE_NONE || (id != 0 && id != r->capture_id)) {
-        route_drop_locked(ctx, i);
-        dropped++;
-        continue;
-      }
+    if (r->autop && gpumem__be_capture_ended(ctx, r->gp->device, r->stream, r->capture_id)) {
+      route_drop_locked(ctx, i);
+      dropped++;
+      continue;
     }
     i++;
   }
@@ -314,7 +309,7 @@ static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_st
   gpumem__mutex_unlock(&ctx->lock);
   if (dropped > 0) gpumem__graph_collect(ctx, 0);
   /* a capture nobody routed (the NULL stream reports one of the device's captures, without an id) */
-  if (found == NULL && stream != NULL && cst == GPUMEM_CAPTURE_ACTIVE && id != 0)
+  if (found == NULL && stream != NULL && ctx->cap_probe && cst == GPUMEM_CAPTURE_ACTIVE && id != 0)
     found = capture_pool(ctx, device, stream, id, failed);
   return found;
 }
