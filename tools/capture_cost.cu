@@ -4,10 +4,12 @@
 // every allocation on a stream other than NULL, so that a capture nobody announced gets a pool of
 // its own (src/graph.c); this is that price.
 //
-//   nvcc -O2 -o capture_cost tools/capture_cost.cu -lpthread && ./capture_cost [CALLS] [THREADS]
+//   nvcc -O2 -o capture_cost tools/capture_cost.cu -lcuda -lpthread && ./capture_cost [CALLS] [THREADS]
 //
 // Prints the median over 5 runs of ns per call, for 1 thread and for THREADS threads (per call of
-// each thread, all running at once).
+// each thread, all running at once), for the runtime's call and for the driver's (cuStreamIsCapturing
+// and cuStreamGetCaptureInfo, without the runtime's layer).
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <pthread.h>
@@ -29,6 +31,7 @@ struct arg {
   long calls;
   double ns;
   pthread_barrier_t *go;
+  int how; /* 0 runtime GetCaptureInfo, 1 driver IsCapturing, 2 driver GetCaptureInfo */
 };
 
 static void *worker(void *p) {
@@ -38,25 +41,38 @@ static void *worker(void *p) {
   unsigned long long id = 0;
   pthread_barrier_wait(a->go);
   double t0 = now_ns();
+  CUstreamCaptureStatus cst;
+  cuuint64_t cid = 0;
   for (long i = 0; i < a->calls; i++) {
+    if (a->how == 0) {
 #if CUDART_VERSION >= 13000
-    if (cudaStreamGetCaptureInfo(a->s, &st, &id, nullptr, nullptr, nullptr, nullptr) != cudaSuccess) std::abort();
+      if (cudaStreamGetCaptureInfo(a->s, &st, &id, nullptr, nullptr, nullptr, nullptr) != cudaSuccess) std::abort();
 #else
-    if (cudaStreamGetCaptureInfo(a->s, &st, &id) != cudaSuccess) std::abort();
+      if (cudaStreamGetCaptureInfo(a->s, &st, &id) != cudaSuccess) std::abort();
 #endif
-    if (st != cudaStreamCaptureStatusNone) std::abort();
+      if (st != cudaStreamCaptureStatusNone) std::abort();
+    } else if (a->how == 1) {
+      if (cuStreamIsCapturing((CUstream)a->s, &cst) != CUDA_SUCCESS || cst != CU_STREAM_CAPTURE_STATUS_NONE) std::abort();
+    } else {
+#if CUDA_VERSION >= 13000
+      if (cuStreamGetCaptureInfo((CUstream)a->s, &cst, &cid, nullptr, nullptr, nullptr, nullptr) != CUDA_SUCCESS) std::abort();
+#else
+      if (cuStreamGetCaptureInfo((CUstream)a->s, &cst, &cid) != CUDA_SUCCESS) std::abort();
+#endif
+      if (cst != CU_STREAM_CAPTURE_STATUS_NONE) std::abort();
+    }
   }
   a->ns = (now_ns() - t0) / a->calls;
   return nullptr;
 }
 
-static double run(int threads, long calls, std::vector<cudaStream_t> &streams) {
+static double run(int threads, long calls, std::vector<cudaStream_t> &streams, int how) {
   std::vector<pthread_t> t(threads);
   std::vector<arg> a(threads);
   pthread_barrier_t go;
   pthread_barrier_init(&go, nullptr, threads);
   for (int i = 0; i < threads; i++) {
-    a[i] = {streams[i], calls, 0, &go};
+    a[i] = {streams[i], calls, 0, &go, how};
     pthread_create(&t[i], nullptr, worker, &a[i]);
   }
   double sum = 0;
@@ -77,12 +93,14 @@ int main(int argc, char **argv) {
   }
   std::vector<cudaStream_t> streams(threads);
   for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  for (int n : {1, threads}) {
-    std::vector<double> r;
-    for (int rep = 0; rep < 5; rep++) r.push_back(run(n, calls, streams));
-    std::sort(r.begin(), r.end());
-    printf("cudaStreamGetCaptureInfo, %2d thread(s), a stream each: %.1f ns per call (median of 5; %.1f-%.1f)\n", n,
-           r[2], r[0], r[4]);
-  }
+  const char *names[] = {"cudaStreamGetCaptureInfo", "cuStreamIsCapturing", "cuStreamGetCaptureInfo"};
+  for (int how = 0; how < 3; how++)
+    for (int n : {1, threads}) {
+      std::vector<double> r;
+      for (int rep = 0; rep < 5; rep++) r.push_back(run(n, calls, streams, how));
+      std::sort(r.begin(), r.end());
+      printf("%-25s %2d thread(s), a stream each: %.1f ns per call (median of 5; %.1f-%.1f)\n", names[how], n, r[2],
+             r[0], r[4]);
+    }
   return 0;
 }
