@@ -44,11 +44,6 @@ static void *side_thread(void *arg) {
   return NULL;
 }
 
-static int overlaps(const void *p, size_t n, const void *q, size_t m) {
-  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-  return a < b + m && b < a + n;
-}
-
 int main(void) {
   require_gpu("gpu_capture_pool");
   CUDA_OK(cudaSetDevice(0));

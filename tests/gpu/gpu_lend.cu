@@ -15,11 +15,6 @@
 
 #define SPIN_NS 300000000ull /* 0.3 s */
 
-static int overlaps(const void *p, uint64_t n, const void *q, uint64_t m) {
-  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-  return a < b + m && b < a + n;
-}
-
 int main(void) {
   require_gpu("gpu_lend");
   CUDA_OK(cudaSetDevice(0));

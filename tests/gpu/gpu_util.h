@@ -89,6 +89,12 @@ static inline void require_gpu(const char *name) {
   exit(77);
 }
 
+/* 1 when [p, p+n) and [q, q+m) share a byte. */
+static inline int overlaps(const void *p, uint64_t n, const void *q, uint64_t m) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return a < b + m && b < a + n;
+}
+
 static inline gpumem_context *make_ctx(gpumem_config *cfg) {
   gpumem_context *ctx = NULL;
   gpumem_status st;
