@@ -385,9 +385,10 @@ GPUMEM_API gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gp
  * free the capture is known as a routed one is: its allocations, and those of the
  * streams joined to it, go to that pool, no call synchronises the device or frees
  * to it (gpumem_reset() gives ::GPUMEM_ERR_BUSY), and its memory is never handed to
- * work outside it. The pool is released when the library sees the capture ended (its
- * next allocation, free or trim), and its memory goes back once its blocks are freed
- * (at a trim). Keep the graph's blocks allocated while the graph may be launched.
+ * work outside it. When the capture has ended the pool stays, with the memory of the
+ * blocks freed during the capture (the graph writes them at every launch) and of those
+ * freed later, and nothing else allocates from it: call gpumem_capture_pools_release()
+ * once the graphs captured that way are destroyed.
  */
 typedef struct gpumem_graph_pool gpumem_graph_pool;
 
@@ -447,6 +448,21 @@ GPUMEM_API gpumem_status gpumem_graph_pool_alloc_at(gpumem_graph_pool *pool, voi
  *         ::GPUMEM_ERR_BACKEND. Thread-safe; not during a capture that uses the pool.
  */
 GPUMEM_API gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *pool);
+
+/**
+ * \brief Release the pools made for captures nobody routed (see ::gpumem_graph_pool)
+ *        whose capture has ended: their memory goes back to the device as their blocks
+ *        are freed (what is free now, at once; the rest at the next gpumem_trim() after its free).
+ *
+ * Call it when the graphs captured that way are destroyed: until then a graph may be
+ * launched and writes its pool's memory, the blocks freed during the capture included.
+ * A capture still under way keeps its pool.
+ * \param ctx    context.
+ * \param device a device or ::GPUMEM_ALL_DEVICES.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL); ::GPUMEM_ERR_INVALID_DEVICE.
+ *         Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_capture_pools_release(gpumem_context *ctx, int device);
 
 /**
  * \brief Statistics of one graph pool (the fields of ::gpumem_stats that apply).

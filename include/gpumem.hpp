@@ -462,6 +462,16 @@ public:
   }
 
   /**
+   * \brief Give back the pools made for graph captures nobody routed, once those graphs are
+   *        destroyed (gpumem_capture_pools_release()).
+   * \param device a device or ::GPUMEM_ALL_DEVICES.
+   * \throws gpumem::error.
+   */
+  void release_capture_pools(int device = GPUMEM_ALL_DEVICES) {
+    check(gpumem_capture_pools_release(raw_(), device), "gpumem_capture_pools_release");
+  }
+
+  /**
    * \brief Invalidate every live allocation on a device and give all its memory back.
    *
    * Buffers and scopes still holding invalidated pointers free nothing when

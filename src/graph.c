@@ -26,11 +26,14 @@
  * capturing gets a pool created for that capture and a route marked `autop`,
  * and from then on the capture is known like a routed one: the other streams
  * of the capture find the pool by the capture's id, and no thread synchronises
- * the device or frees to it. Such a route is dropped, and its pool released,
- * once its stream reports the capture ended (gpumem__graph_reap, at the
- * library's next calls: allocations and frees while captures are known,
- * gpumem_trim, the watcher). A capture is learned of at its first allocation or
- * free through the library: work it captured before that is the caller's.
+ * the device or frees to it. Such a route is dropped once its stream reports
+ * the capture ended (gpumem__graph_reap, at the library's next calls:
+ * allocations and frees while captures are known, gpumem_trim); its pool
+ * stays, since the graph may be launched as long as it lives and uses the
+ * memory of blocks freed during the capture as well: nothing else allocates
+ * from it, and gpumem_capture_pools_release (the graphs are gone) releases
+ * it. A capture is learned of at its first allocation or free through the
+ * library: work it captured before that is the caller's.
  */
 #include "internal.h"
 #include "tcache.h"
@@ -75,13 +78,15 @@ static int route_add_locked(gpumem_context *ctx, gpumem_graph_pool *gp, gpumem_s
   return 1;
 }
 
-/* Removes route i (caller holds ctx->lock); a pool made for a capture is released with its last route. */
+/* Removes route i (caller holds ctx->lock). A pool made for a capture stays when its capture ends: the
+ * graph may be launched for as long as it lives, and it uses the memory of the blocks freed during the
+ * capture too (gpumem_capture_pools_release gives such pools back). */
 static void route_drop_locked(gpumem_context *ctx, int i) {
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   gpumem__route *r = &ctx->routes[i];
   gpumem_graph_pool *gp = r->gp;
   if (r->autop) atomic_fetch_sub_explicit(&ctx->nauto, 1, memory_order_relaxed);
-  if (--gp->nroutes == 0 && gp->autop) gp->released = 1;
+  gp->nroutes--;
   ctx->routes[i] = ctx->routes[n - 1];
   atomic_store_explicit(&ctx->nroutes, n - 1, memory_order_release);
 }
@@ -363,6 +368,20 @@ gpumem_status gpumem_graph_pool_get_stats(gpumem_graph_pool *gp, gpumem_stats *o
   gpumem__pool_get_stats(gp->pool, &st);
   st.struct_size = (uint32_t)want;
   memcpy(out, &st, want < sizeof st ? want : sizeof st);
+  return GPUMEM_OK;
+}
+
+gpumem_status gpumem_capture_pools_release(gpumem_context *ctx, int device) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (device != GPUMEM_ALL_DEVICES && (device < 0 || device >= ctx->ndev)) return GPUMEM_ERR_INVALID_DEVICE;
+  gpumem__mutex_lock(&ctx->lock);
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0) (void)reap_locked(ctx);
+  /* a capture still under way keeps its pool (its route holds it) */
+  for (gpumem_graph_pool *gp = ctx->graphs; gp != NULL; gp = gp->next)
+    if (gp->autop && gp->nroutes == 0 && (device == GPUMEM_ALL_DEVICES || gp->device == device)) gp->released = 1;
+  gpumem__mutex_unlock(&ctx->lock);
+  gpumem__graph_collect(ctx, 0); /* what is free now goes back; the rest as it is freed, at the next trim */
   return GPUMEM_OK;
 }
 

@@ -172,6 +172,8 @@ void test_errors() {
   CHECK(throws_status([&] { (void)ctx.scope(9); }, GPUMEM_ERR_INVALID_DEVICE));
   CHECK(throws_status([&] { (void)ctx.stats(9); }, GPUMEM_ERR_INVALID_DEVICE));
   CHECK(throws_status([&] { (void)ctx.trim(9, 0); }, GPUMEM_ERR_INVALID_DEVICE));
+  CHECK(throws_status([&] { ctx.release_capture_pools(9); }, GPUMEM_ERR_INVALID_DEVICE));
+  ctx.release_capture_pools(); /* none made: nothing to do */
 
   // catchable as std::runtime_error, status kept
   try {

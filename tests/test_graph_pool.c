@@ -217,6 +217,9 @@ static void test_unrouted_capture_gets_own_pool(void **state) {
   assert_status(gpumem_free(ctx, g2, SA), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &g3), GPUMEM_OK);
   assert_ptr_equal(g3, g2); /* freed in the capture: back to its pool, for the graph's next allocation */
+  void *tmp; /* a temporary of the graph, freed in the capture: every launch writes it */
+  assert_status(gpumem_alloc(ctx, 0, 2 << 20, SA, &tmp), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, tmp, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, before, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, nul, NULL), GPUMEM_OK); /* the legacy stream, while a stream captures */
   assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_ERR_BUSY); /* it would synchronise the device */
@@ -232,14 +235,30 @@ static void test_unrouted_capture_gets_own_pool(void **state) {
     assert_status(gpumem_alloc(ctx, 0, n, i % 3 ? SA : SB, &q), GPUMEM_OK);
     assert_false(overlaps(q, n, g1, 64 << 10));
     assert_false(overlaps(q, n, g3, 4 << 20));
+    assert_false(overlaps(q, n, tmp, 2 << 20));
     assert_status(gpumem_free(ctx, q, i % 3 ? SA : SB), GPUMEM_OK);
   }
-  /* ended: a reset is allowed again, and the capture's pool goes back once its blocks are freed */
+  /* ended: a reset is allowed again; the graph's blocks freed, its pool stays (the graph may still be
+   * launched) until the caller says the graphs are gone */
   assert_status(gpumem_free(ctx, g1, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, g3, SA), GPUMEM_OK);
   assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
   dev = tu_stats(ctx, 0);
   assert_int_equal(dev.num_live, 0);
+  assert_true(dev.reserved_bytes >= (4u << 20) + (2u << 20));
+  for (int i = 0; i < 8; i++) {
+    void *q;
+    size_t n = (size_t)(i % 4 + 1) << 20;
+    assert_status(gpumem_alloc(ctx, 0, n, SA, &q), GPUMEM_OK);
+    assert_false(overlaps(q, n, g3, 4 << 20) || overlaps(q, n, tmp, 2 << 20) || overlaps(q, n, g1, 64 << 10));
+    assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+  }
+  assert_status(gpumem_capture_pools_release(NULL, 0), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_capture_pools_release(ctx, 99), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_capture_pools_release(ctx, -7), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  dev = tu_stats(ctx, 0);
   assert_int_equal(dev.reserved_bytes, 0);
   uint64_t used = 1;
   assert_status(gpumem_sim_used_bytes(0, &used), GPUMEM_OK);
@@ -288,6 +307,16 @@ static void test_unrouted_captures_apart(void **state) {
   assert_status(gpumem_free(ctx, c, SA), GPUMEM_OK);
   assert_status(gpumem_free(ctx, d, SA), GPUMEM_OK);
   assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  /* a capture under way keeps its pool through a release; the ended ones go */
+  capture_begin(SB);
+  void *e;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SB, &e), GPUMEM_OK);
+  assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
+  capture_end_intact(SB);
+  assert_status(gpumem_free(ctx, e, SB), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  assert_true(tu_stats(ctx, 0).reserved_bytes >= (1u << 20)); /* that capture's pool: not released */
+  assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
   assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
   gpumem_stats dev = tu_stats(ctx, 0);
   assert_int_equal(dev.num_live, 0);

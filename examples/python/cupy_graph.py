@@ -10,8 +10,9 @@ capture ends: the graph still writes y every time it is launched. After the capt
 and v = full(5) are allocated on the same stream, then the graph is launched LAUNCHES times.
 An allocator that hands w or v memory the graph writes (y's block, freed in the capture and
 cached) lets the launches overwrite them. libgpumem gives a capture nobody announced a pool of
-its own (capture_probe, on by default), so w and v keep their values; CuPy's pool reuses y's
-block. Prints what each array holds and exits non-zero when z, w or v is wrong.
+its own (capture_probe, on by default), so w and v keep their values, and keeps it after the
+capture (the graph writes y at every launch) until release_capture_pools(); CuPy's pool reuses
+y's block. Prints what each array holds and exits non-zero when z, w or v is wrong.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> int:
         for _ in range(args.launches):
             g.launch(s)
         s.synchronize()
+        del g  # the graph is gone: its pool may go back (libgpumem keeps it until told)
+        if args.allocator == "gpumem":
+            gpumem.cupy.context().release_capture_pools()
     xs = cp.asnumpy(x)
     z_ok = bool((cp.asnumpy(z) == xs * 3 + 1).all())
     w_bad = int((cp.asnumpy(w) != 7).sum())

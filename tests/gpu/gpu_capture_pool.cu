@@ -10,7 +10,8 @@
  * - the graph is instantiated and launched three times while the stream's later allocations,
  *   written with another pattern, run between the launches: the graph's blocks keep its pattern
  *   (no allocation outside the graph got its memory);
- * - after the graph's blocks are freed and the context trimmed, nothing is reserved.
+ * - after the graph's blocks are freed and the context trimmed, the capture's pool stays (the graph
+ *   may still be launched); after gpumem_capture_pools_release and a trim, nothing is reserved.
  */
 #include "gpu_util.h"
 
@@ -136,9 +137,15 @@ int main(void) {
   CHECK_ST(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
   memset(&st, 0, sizeof st);
   CHECK_ST(gpumem_get_stats(ctx, 0, &st), GPUMEM_OK);
-  printf("after the graph's blocks were freed and a trim: %llu live, %llu bytes reserved\n",
+  printf("after the graph's blocks were freed and a trim: %llu live, %llu bytes reserved (the capture's pool)\n",
          (unsigned long long)st.num_live, (unsigned long long)st.reserved_bytes);
-  CHECK(st.num_live == 0 && st.reserved_bytes == 0);
+  CHECK(st.num_live == 0 && st.reserved_bytes >= (4u << 20));
+  CHECK_ST(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK); /* the graph is destroyed */
+  CHECK_ST(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  memset(&st, 0, sizeof st);
+  CHECK_ST(gpumem_get_stats(ctx, 0, &st), GPUMEM_OK);
+  printf("after gpumem_capture_pools_release and a trim: %llu bytes reserved\n", (unsigned long long)st.reserved_bytes);
+  CHECK(st.reserved_bytes == 0);
   CHECK_ST(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
   CUDA_OK(cudaFree(bad));
   CUDA_OK(cudaStreamDestroy(s));

@@ -569,6 +569,17 @@ class Context:
         self._call(capi.lib.gpumem_trim, _device(device, True), _u64(keep_bytes, "keep_bytes"), byref(released))
         return released.value
 
+    def release_capture_pools(self, device: int = ALL_DEVICES) -> None:
+        """Give back the pools made for CUDA graph captures nobody announced (``capture_probe``):
+        call it once the graphs captured that way are destroyed.
+
+        Until then such a graph may be launched, and it writes its pool's memory (the
+        temporaries freed during the capture too), so the pool stays after the capture
+        ends. Its memory goes back as its blocks are freed (what is free now at once).
+        A capture still under way keeps its pool.
+        """
+        self._call(capi.lib.gpumem_capture_pools_release, _device(device, True))
+
     def reset(self, device: int = 0, reset_device: bool = False) -> None:
         """Synchronise ``device`` (or :data:`ALL_DEVICES`), invalidate its allocations, give its memory back.
 

@@ -231,6 +231,30 @@ def test_capture_probe_keyword():
     assert same == {None: False, True: False, 1: False, False: True, 0: True}
 
 
+def test_release_capture_pools():
+    """A capture's own pool stays after the capture (the graph writes its memory at every launch)
+    until release_capture_pools(); bad devices raise."""
+    lib = gpumem.capi.lib
+    begin, end = lib.gpumem_sim_stream_begin_capture, lib.gpumem_sim_stream_end_capture
+    begin.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    end.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    s = 0x5100
+    with gpumem.Context(backend="sim", flags=gpumem.CONFIG_NO_ENV) as c:
+        assert begin(0, s, 0) == 0
+        c.alloc(4 * MiB, stream=s).free()  # a temporary of the graph
+        assert end(0, s, None) == 0
+        c.trim()
+        assert c.stats()["reserved_bytes"] >= 4 * MiB
+        for bad in (99, -7):
+            with pytest.raises(gpumem.InvalidDeviceError):
+                c.release_capture_pools(bad)
+        with pytest.raises(TypeError):
+            c.release_capture_pools("0")
+        c.release_capture_pools()
+        c.trim()
+        assert c.stats()["reserved_bytes"] == 0
+
+
 def test_sizes_and_keep_bytes(ctx):
     for n in (2**64, -1):
         with pytest.raises(gpumem.InvalidArgumentError):
