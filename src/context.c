@@ -272,6 +272,15 @@ static GPUMEM__NOIPA gpumem_status alloc_large(gpumem_context *ctx, int device, 
   return alloc_checked(ctx, device, size, stream, out_ptr, tag);
 }
 
+/* The inlined hit missed on a stream other than NULL: the thread cache keyed to the call misses there
+ * when the stream must first be asked about capture (tcache.h astream); the hit after asking, else
+ * every check and the full path. */
+static GPUMEM__NOIPA gpumem_status alloc_probed(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
+                                                void **out_ptr, const char *tag) {
+  if (gpumem__tc_probed_alloc(ctx, device, size, stream, tag, out_ptr)) return GPUMEM_OK;
+  return alloc_checked(ctx, device, size, stream, out_ptr, tag);
+}
+
 /* The one allocation path: the thread cache's hit inline (it matches only arguments it was keyed
  * to, which passed these checks then: tcache.h), then every check and the full path. */
 static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_context *ctx, int device, size_t size, gpumem_stream stream,
@@ -281,6 +290,7 @@ static inline __attribute__((always_inline)) gpumem_status alloc_impl(gpumem_con
     if (GPUMEM__LIKELY(hit > 0)) return GPUMEM_OK;
     if (hit == -1) return alloc_near(NULL, 0, size, NULL, out_ptr, tag); /* the cache stays locked for it */
     if (hit < 0) return alloc_large(ctx, device, size, stream, out_ptr, tag);
+    if (stream != NULL) return alloc_probed(ctx, device, size, stream, out_ptr, tag); /* (a miss only) */
   }
   return alloc_checked(ctx, device, size, stream, out_ptr, tag);
 }

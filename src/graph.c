@@ -177,6 +177,14 @@ gpumem_graph_pool *gpumem__graph_probe(gpumem_context *ctx, int device, gpumem_s
   return capture_pool(ctx, device, stream, id, failed);
 }
 
+int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stream) {
+  if (!ctx->cap_probe || gpumem__capturing(ctx)) return 0;
+  int st = GPUMEM_CAPTURE_NONE;
+  uint64_t id = 0;
+  /* the vtable directly (a NONE answer is all that is taken; anything else takes the full path, which asks again) */
+  return ctx->be.stream_capture(&ctx->be, device, stream, &st, &id) == 0 && st == GPUMEM_CAPTURE_NONE;
+}
+
 void gpumem__graph_reap(gpumem_context *ctx) {
   if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return;
   gpumem__mutex_lock(&ctx->lock);

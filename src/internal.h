@@ -355,6 +355,9 @@ int gpumem__graph_alloc_routed(gpumem_context *ctx, int device, size_t size, gpu
  * that gpumem__capturing() holds from here on. Returns that pool, or NULL (no capture, or no host
  * memory for the pool: the allocation then fails with GPUMEM_ERR_OUT_OF_MEMORY in the caller). */
 struct gpumem_graph_pool *gpumem__graph_probe(gpumem_context *ctx, int device, gpumem_stream stream, int *failed);
+/** graph.c: 1 when allocations on `stream` may be served as if no capture existed: capture_probe is on, no
+ * capture is known, and the backend says the stream is not captured (the thread caches' probed hit). */
+int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stream);
 /** graph.c: drops the routes of the captures found by gpumem__graph_probe that have ended (their pools
  * are then released: given back once their blocks are freed). */
 void gpumem__graph_reap(gpumem_context *ctx);

@@ -454,6 +454,13 @@ static int large_claim(gpumem__tc *c) {
   return 1;
 }
 
+int gpumem__tc_probed_alloc(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream, const char *tag,
+                            void **out) {
+  int hit = gpumem__tc_fast_alloc_(ctx, dev, size, stream, tag, out, 1);
+  if (hit == -1) return gpumem__tc_near_hit(size, tag, out) > 0; /* (locked for it; it unlocks) */
+  return hit > 0;
+}
+
 int gpumem__tc_large_hit(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream, const char *tag, void **out) {
   gpumem__tc *c = gpumem__tls_tc;
   if (!gpumem__tc_trylock(c)) return 0; /* (no membarrier: the full path, which looks too) */

@@ -291,13 +291,18 @@ static inline int gpumem__tc_fits(const gpumem__tc *c, unsigned k, size_t bsize)
  * (ctx, dev, stream) it is keyed to, which were valid when it was keyed. A NULL ctx matches only a
  * detached cache, whose bins are empty; a size of 0 finds no block (every block has 256 bytes or
  * more); a forked child and monitoring (ctx->mon) detach the caches (tcache.c, trace.c). */
-static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size,
-                                                                       gpumem_stream stream, const char *tag,
-                                                                       void **out) {
+static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc_(gpumem_context *ctx, int dev, size_t size,
+                                                                        gpumem_stream stream, const char *tag,
+                                                                        void **out, const int probed) {
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return gpumem__tc_large_held(c) ? -2 : 0; /* alloc_large (context.c) */
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
-  if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && c->astream == stream)) {
+  /* (probed: the key itself matches, and the backend is asked whether the stream is captured) */
+  if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && (probed ? c->stream : c->astream) == stream)) {
+    if (probed && !gpumem__graph_uncaptured(ctx, dev, stream)) {
+      gpumem__tc_unlock_fast(c);
+      return 0;
+    }
     /* (from here on the call's ctx, dev and stream are the cache's: alloc_near in context.c reads them there) */
     size_t rsize = (size + 255) & ~(size_t)255;
     unsigned k = c->class_of[rsize >> 8];
@@ -320,6 +325,19 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_co
   gpumem__tc_unlock_fast(c);
   return 0;
 }
+
+static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc(gpumem_context *ctx, int dev, size_t size,
+                                                                       gpumem_stream stream, const char *tag,
+                                                                       void **out) {
+  return gpumem__tc_fast_alloc_(ctx, dev, size, stream, tag, out, 0);
+}
+
+/* The same hit for an allocation on a stream that asks about capture (astream), after the inlined one
+ * missed (context.c alloc_probed): with the cache keyed to the call, the backend is asked, and when the
+ * stream is not captured the hit is made as the inlined one would: 1 and *out set; else 0 and nothing
+ * changed (the cache unlocked either way), for the full path. */
+int gpumem__tc_probed_alloc(gpumem_context *ctx, int dev, size_t size, gpumem_stream stream, const char *tag,
+                            void **out);
 
 /* After gpumem__tc_fast_alloc returned -1 (the calling thread's cache is locked and keyed to the
  * call): 1 and *out set when a cached block of size .. size + 12.5 % serves it; else nothing
