@@ -99,7 +99,18 @@ static int reap_locked(gpumem_context *ctx) {
   for (int i = 0; i < atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);) {
     gpumem__route *r = &ctx->routes[i];
     if (r->autop && gpumem__be_capture_ended(ctx, r->gp->device, r->stream, r->capture_id)) {
-      route_drop_locked(ctx, i);
+      gpumem_graph_pool *gp = r->gp;
+      const unsigned long long id = (unsigned long long)r->capture_id;
+      route_drop_locked(ctx, i); /* (r is another route from here on) */
+      /* a pool that never got memory (the capture only freed through the library, as PyTorch's do: it
+       * allocates from its own graph pools) has nothing a graph uses: it goes now */
+      if (gp->nroutes == 0) {
+        gpumem_stats st;
+        gpumem__pool_get_stats(gp->pool, &st);
+        if (st.reserved_bytes == 0 && st.num_live == 0) gp->released = 1;
+        gpumem__log(&ctx->opt.log, GPUMEM_LOG_DEBUG, "device %d: capture %llu ended; its pool %s", gp->device,
+                    id, gp->released ? "got no memory and goes" : "stays until gpumem_capture_pools_release");
+      }
       dropped++;
       continue;
     }
@@ -162,6 +173,9 @@ static gpumem_graph_pool *capture_pool(gpumem_context *ctx, int device, gpumem_s
   }
   if (gp != mine) graph_destroy_locked(ctx, mine); /* (empty, never routed: nothing to wait for) */
   gpumem__mutex_unlock(&ctx->lock);
+  if (gp == mine)
+    gpumem__log(&ctx->opt.log, GPUMEM_LOG_DEBUG, "device %d: capture %llu on stream %p, routed to no pool: a pool of its own",
+                device, (unsigned long long)id, stream);
   /* as at every route: each thread cache gives its blocks back and none is keyed while it exists */
   if (gp == mine && ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
   return gp;

@@ -324,6 +324,43 @@ static void test_unrouted_captures_apart(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A capture that only frees through the library (PyTorch's: it allocates from its own graph pools)
+ * is known from that free on, and the pool made for it, which got no memory, goes when the capture
+ * ends: a thousand such captures leave no pool behind. */
+static void test_free_only_captures_leave_nothing(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  tu_log *log = tu_log_new();
+  gpumem_config cfg;
+  tu_config(&cfg);
+  tu_log_install(&cfg, log, GPUMEM_LOG_DEBUG);
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *warm;
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, NULL, &warm), GPUMEM_OK); /* the device pool exists */
+  for (int i = 0; i < 1000; i++) {
+    void *p;
+    assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &p), GPUMEM_OK);
+    capture_begin(SA);
+    assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+    capture_end_intact(SA);
+    void *q; /* the next call sees the capture ended */
+    assert_status(gpumem_alloc(ctx, 0, 64 << 10, NULL, &q), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, q, NULL), GPUMEM_OK);
+  }
+  assert_status(gpumem_free(ctx, warm, NULL), GPUMEM_OK);
+  /* no capture pool is left: the device's figures are its pool's alone, and a trim empties it */
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  gpumem_stats dev = tu_stats(ctx, 0);
+  assert_int_equal(dev.num_live, 0);
+  assert_int_equal(dev.reserved_bytes, 0);
+  /* (a free the thread cache takes makes no call, and finds no capture: not every one is seen) */
+  int made = tu_log_count_matching(log, "routed to no pool: a pool of its own", NULL);
+  assert_true(made > 0);
+  assert_int_equal(tu_log_count_matching(log, "got no memory and goes", NULL), made);
+  tu_ctx_done(ctx);
+  tu_log_free(log);
+}
+
 /* gpumem_reset during a routed capture: GPUMEM_ERR_BUSY, nothing invalidated (the blocks stay live,
  * the capture intact); after it, the reset goes through. */
 static void test_reset_during_capture(void **state) {
@@ -564,6 +601,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unrouted_capture_gets_own_pool, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_unrouted_captures_apart, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_reset_during_capture, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_free_only_captures_leave_nothing, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_explicit_alloc, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
