@@ -326,7 +326,7 @@ static void test_unrouted_captures_apart(void **state) {
 
 /* A capture that only frees through the library (PyTorch's: it allocates from its own graph pools)
  * is known from that free on, and the pool made for it, which got no memory, goes when the capture
- * ends: a thousand such captures leave no pool behind. */
+ * ends: a hundred such captures leave no pool behind. */
 static void test_free_only_captures_leave_nothing(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
@@ -337,7 +337,7 @@ static void test_free_only_captures_leave_nothing(void **state) {
   gpumem_context *ctx = tu_ctx_new(&cfg);
   void *warm;
   assert_status(gpumem_alloc(ctx, 0, 1 << 20, NULL, &warm), GPUMEM_OK); /* the device pool exists */
-  for (int i = 0; i < 1000; i++) {
+  for (int i = 0; i < 100; i++) { /* (three log lines at most each: the sink keeps 512) */
     void *p;
     assert_status(gpumem_alloc(ctx, 0, 4 << 20, SA, &p), GPUMEM_OK);
     capture_begin(SA);
