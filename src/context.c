@@ -87,17 +87,6 @@ static gpumem_status pool_get_or_create(gpumem_context *ctx, int dev, gpumem__po
 
 #define GPUMEM__LEAK_MAX 8
 
-/* Append to a fixed buffer, truncating. */
-static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) GPUMEM__PRINTF(4, 5);
-static void bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
-  if (*len >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
-  va_end(ap);
-  if (n > 0) *len = (*len + (size_t)n < cap) ? *len + (size_t)n : cap - 1;
-}
-
 /* Graph pools' live blocks in destroy's leak report. */
 typedef struct leak_acc {
   uint64_t *count, *bytes;
@@ -129,14 +118,14 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   if (count > 0) {
     char msg[1024];
     size_t len = 0;
-    bappend(msg, sizeof msg, &len, "gpumem_destroy: %llu live allocation(s), %llu bytes not freed%s",
+    gpumem__bappend(msg, sizeof msg, &len, "gpumem_destroy: %llu live allocation(s), %llu bytes not freed%s",
             (unsigned long long)count, (unsigned long long)bytes,
             (flags & GPUMEM_DESTROY_FORCE) ? " (freed by GPUMEM_DESTROY_FORCE)" : "");
     for (size_t i = 0; i < nfirst; i++)
-      bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %s%.40s%s", (void *)first[i].ptr,
+      gpumem__bappend(msg, sizeof msg, &len, "; %p: %zu bytes (requested %zu), device %d, tag %s%.40s%s", (void *)first[i].ptr,
               first[i].size, first[i].requested, first[i].device, first[i].tag ? "\"" : "",
               first[i].tag ? first[i].tag : "(none)", first[i].tag ? "\"" : "");
-    if (count > nfirst) bappend(msg, sizeof msg, &len, "; ... %llu more", (unsigned long long)(count - nfirst));
+    if (count > nfirst) gpumem__bappend(msg, sizeof msg, &len, "; ... %llu more", (unsigned long long)(count - nfirst));
     gpumem__log(&ctx->opt.log, (flags & GPUMEM_DESTROY_FORCE) ? GPUMEM_LOG_INFO : GPUMEM_LOG_WARN, "%s", msg);
     if (!(flags & GPUMEM_DESTROY_FORCE)) return GPUMEM_ERR_BUSY;
   }

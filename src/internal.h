@@ -62,6 +62,10 @@ const char *gpumem__log_level_name(gpumem_log_level level);
 void gpumem__log(const gpumem__logger *lg, gpumem_log_level level, const char *fmt, ...) GPUMEM__PRINTF(3, 4);
 void gpumem__vlog(const gpumem__logger *lg, gpumem_log_level level, const char *fmt, va_list ap);
 #define GPUMEM__LOG_ON(lg, lvl) ((lg) != NULL && (lvl) >= (lg)->level && (lg)->level < GPUMEM_LOG_OFF)
+/* A line at lvl goes somewhere (a callback, or stderr): what a report costly to make checks first. */
+#define GPUMEM__LOG_PRINTS(lg, lvl) (GPUMEM__LOG_ON(lg, lvl) && ((lg)->fn != NULL || (lg)->to_stderr))
+/* Append to buf[*len..cap), truncating (*len stops at cap - 1): reports built from pieces. */
+void gpumem__bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) GPUMEM__PRINTF(4, 5);
 
 /* ---------------------------------------------------------------------- */
 /* options.c                                                               */

@@ -2,6 +2,7 @@
  * stderr only when GPUMEM_LOG asked for it. The library never prints otherwise. */
 #include "internal.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 
 const char *gpumem__log_level_name(gpumem_log_level level) {
@@ -16,8 +17,7 @@ const char *gpumem__log_level_name(gpumem_log_level level) {
 }
 
 void gpumem__vlog(const gpumem__logger *lg, gpumem_log_level level, const char *fmt, va_list ap) {
-  if (!GPUMEM__LOG_ON(lg, level)) return;
-  if (lg->fn == NULL && !lg->to_stderr) return;
+  if (!GPUMEM__LOG_PRINTS(lg, level)) return;
   char buf[1024];
   int n = vsnprintf(buf, sizeof buf, fmt, ap);
   if (n < 0) return;
@@ -39,4 +39,13 @@ void gpumem__log(const gpumem__logger *lg, gpumem_log_level level, const char *f
   va_start(ap, fmt);
   gpumem__vlog(lg, level, fmt, ap);
   va_end(ap);
+}
+
+void gpumem__bappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  if (*len >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len = (*len + (size_t)n < cap) ? *len + (size_t)n : cap - 1;
 }

@@ -227,8 +227,7 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
  * when no warning would be printed (the walks over blocks and streams are skipped then). */
 static void oom_report_locked(gpumem__pool *p, size_t size, const char *why, char *buf, size_t cap) {
   buf[0] = '\0';
-  const gpumem__logger *lg = &p->ctx->opt.log;
-  if (!GPUMEM__LOG_ON(lg, GPUMEM_LOG_WARN) || (lg->fn == NULL && !lg->to_stderr)) return; /* nothing printed */
+  if (!GPUMEM__LOG_PRINTS(&p->ctx->opt.log, GPUMEM_LOG_WARN)) return; /* nothing printed */
   char pending[640];
   gpumem__pool_pending_describe(p, pending, sizeof pending);
   snprintf(buf, cap,

@@ -2,8 +2,6 @@
  * marks, and the single-stream ("solo") path of expandable pools. */
 #include "pool.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -692,16 +690,6 @@ void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_
   *noted = n;
 }
 
-/* buf[*at..cap) gets the formatted text; *at stops at cap - 1 once the text is cut. */
-static void say(char *buf, size_t cap, size_t *at, const char *fmt, ...) {
-  if (*at + 1 >= cap) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + *at, cap - *at, fmt, ap);
-  va_end(ap);
-  if (n > 0) *at = (size_t)n < cap - *at ? *at + (size_t)n : cap - 1;
-}
-
 static const char *blocks_word(uint64_t n) { return n == 1 ? "block" : "blocks"; }
 
 void gpumem__pool_pending_describe(const gpumem__pool *p, char *buf, size_t cap) {
@@ -715,17 +703,17 @@ void gpumem__pool_pending_describe(const gpumem__pool *p, char *buf, size_t cap)
     if (nb == 0) continue;
     uint64_t bytes = gpumem__srec_pending_bytes(r);
     if (nstreams++ < GPUMEM__PENDING_LISTED) {
-      say(buf, cap, &at, "%s%llu bytes in %llu %s on ", listed++ == 0 ? "" : ", ", (unsigned long long)bytes,
+      gpumem__bappend(buf, cap, &at, "%s%llu bytes in %llu %s on ", listed++ == 0 ? "" : ", ", (unsigned long long)bytes,
           (unsigned long long)nb, blocks_word(nb));
-      if (r->stream == NULL) say(buf, cap, &at, "the default stream");
-      else say(buf, cap, &at, "stream %p", r->stream);
+      if (r->stream == NULL) gpumem__bappend(buf, cap, &at, "the default stream");
+      else gpumem__bappend(buf, cap, &at, "stream %p", r->stream);
     } else {
       more_bytes += bytes;
       more_blocks += nb;
     }
   }
   if (nstreams > listed)
-    say(buf, cap, &at, ", %llu bytes in %llu %s on %zu more stream(s)", (unsigned long long)more_bytes,
+    gpumem__bappend(buf, cap, &at, ", %llu bytes in %llu %s on %zu more stream(s)", (unsigned long long)more_bytes,
         (unsigned long long)more_blocks, blocks_word(more_blocks), nstreams - listed);
   /* then the frees no stream's own event releases */
   uint64_t nbytes = 0, nblocks = 0;
@@ -735,13 +723,13 @@ void gpumem__pool_pending_describe(const gpumem__pool *p, char *buf, size_t cap)
       nblocks++;
     }
   if (nblocks > 0)
-    say(buf, cap, &at, "%s%llu bytes in %llu %s waiting for streams noted by gpumem_record_stream",
+    gpumem__bappend(buf, cap, &at, "%s%llu bytes in %llu %s waiting for streams noted by gpumem_record_stream",
         at == 0 ? "" : ", ", (unsigned long long)nbytes, (unsigned long long)nblocks, blocks_word(nblocks));
   if (p->orphans != NULL && p->orphans->nblocks > 0)
-    say(buf, cap, &at, "%s%llu bytes in %llu %s of streams not named lately (until a device synchronisation)",
+    gpumem__bappend(buf, cap, &at, "%s%llu bytes in %llu %s of streams not named lately (until a device synchronisation)",
         at == 0 ? "" : ", ", (unsigned long long)p->orphans->bytes, (unsigned long long)p->orphans->nblocks,
         blocks_word(p->orphans->nblocks));
-  if (at == 0) say(buf, cap, &at, "none");
+  if (at == 0) gpumem__bappend(buf, cap, &at, "none");
 }
 
 gpumem_status gpumem__pool_record_stream(gpumem__pool *p, void *ptr, gpumem_stream stream) {
