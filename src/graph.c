@@ -23,7 +23,7 @@
  * stream other than NULL (the legacy stream, which no capture takes) that no
  * route covers asks it first (gpumem__graph_probe; the thread caches' inlined
  * allocation hits miss for such streams, tcache.h astream); a stream found
- * capturing gets a pool created for that capture and a route marked `autop`,
+ * capturing gets a pool created for that capture and a route (the pool marked `autop`),
  * and from then on the capture is known like a routed one: the other streams
  * of the capture find the pool by the capture's id, and no thread synchronises
  * the device or frees to it. Such a route is dropped once its stream reports
@@ -47,7 +47,8 @@ struct gpumem_graph_pool {
   gpumem__pool *pool;
   int nroutes;     /* streams routed to it */
   int released;    /* gpumem_graph_pool_release was called: given back once its blocks are free */
-  int autop;       /* created for a capture nobody routed (gpumem__graph_probe): released when it ends */
+  int autop;       /* made for a capture nobody routed (gpumem__graph_probe); its routes are dropped when the
+                    * capture ends (gpumem__graph_reap), the pool kept until gpumem_capture_pools_release */
   struct gpumem_graph_pool *next;
 };
 
@@ -55,11 +56,12 @@ typedef struct gpumem__route {
   gpumem_graph_pool *gp;
   gpumem_stream stream;
   uint64_t capture_id; /* the stream's capture, once seen capturing (0: not yet) */
-  int autop;           /* added by gpumem__graph_probe: dropped when the capture ends (gpumem__graph_reap) */
 } gpumem__route;
+/* (a route to a pool made for a capture, gp->autop, was added by gpumem__graph_probe, and only those:
+ * no caller holds such a pool to route a stream to it) */
 
 /* Appends a route of stream to gp (caller holds ctx->lock). 0: no host memory, nothing changed. */
-static int route_add_locked(gpumem_context *ctx, gpumem_graph_pool *gp, gpumem_stream stream, uint64_t id, int autop) {
+static int route_add_locked(gpumem_context *ctx, gpumem_graph_pool *gp, gpumem_stream stream, uint64_t id) {
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   if ((size_t)n == ctx->route_cap) {
     size_t cap = ctx->route_cap ? ctx->route_cap * 2 : 4;
@@ -71,9 +73,8 @@ static int route_add_locked(gpumem_context *ctx, gpumem_graph_pool *gp, gpumem_s
   ctx->routes[n].gp = gp;
   ctx->routes[n].stream = stream;
   ctx->routes[n].capture_id = id;
-  ctx->routes[n].autop = autop;
   gp->nroutes++;
-  if (autop) atomic_fetch_add_explicit(&ctx->nauto, 1, memory_order_relaxed);
+  if (gp->autop) atomic_fetch_add_explicit(&ctx->nauto, 1, memory_order_relaxed);
   atomic_store_explicit(&ctx->nroutes, n + 1, memory_order_release);
   return 1;
 }
@@ -85,20 +86,28 @@ static void route_drop_locked(gpumem_context *ctx, int i) {
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   gpumem__route *r = &ctx->routes[i];
   gpumem_graph_pool *gp = r->gp;
-  if (r->autop) atomic_fetch_sub_explicit(&ctx->nauto, 1, memory_order_relaxed);
+  if (gp->autop) atomic_fetch_sub_explicit(&ctx->nauto, 1, memory_order_relaxed);
   gp->nroutes--;
   ctx->routes[i] = ctx->routes[n - 1];
   atomic_store_explicit(&ctx->nroutes, n - 1, memory_order_release);
 }
 
-/* Drops the routes found by asking the backend whose capture has ended (caller holds ctx->lock):
- * the stream reports no capture, or another one. A stream the backend can no longer answer for
- * (destroyed after its capture) has ended too. Returns how many were dropped. */
+/* 1 when the capture of route r has ended: its stream captures nothing, or another capture, or the
+ * backend can no longer answer for it (a stream destroyed after its capture). */
+static int route_ended(gpumem_context *ctx, const gpumem__route *r) {
+  uint64_t id = 0;
+  int st = gpumem__be_capture_quiet(ctx, r->gp->device, r->stream, &id);
+  return (st != GPUMEM_CAPTURE_ACTIVE && st != GPUMEM_CAPTURE_INVALIDATED) || (id != 0 && id != r->capture_id);
+}
+
+/* Drops the routes found by asking the backend whose capture has ended (caller holds ctx->lock).
+ * Returns how many were dropped (then gpumem__graph_collect, without the lock). */
 static int reap_locked(gpumem_context *ctx) {
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return 0;
   int dropped = 0;
   for (int i = 0; i < atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);) {
     gpumem__route *r = &ctx->routes[i];
-    if (r->autop && gpumem__be_capture_ended(ctx, r->gp->device, r->stream, r->capture_id)) {
+    if (r->gp->autop && route_ended(ctx, r)) {
       gpumem_graph_pool *gp = r->gp;
       const unsigned long long id = (unsigned long long)r->capture_id;
       route_drop_locked(ctx, i); /* (r is another route from here on) */
@@ -165,7 +174,7 @@ static gpumem_graph_pool *capture_pool(gpumem_context *ctx, int device, gpumem_s
   ctx->graphs = mine;
   gp = capture_route_locked(ctx, device, id);
   if (gp == NULL) {
-    if (route_add_locked(ctx, mine, stream, id, 1)) {
+    if (route_add_locked(ctx, mine, stream, id)) {
       gp = mine;
     } else {
       *failed = 1;
@@ -193,14 +202,13 @@ gpumem_graph_pool *gpumem__graph_probe(gpumem_context *ctx, int device, gpumem_s
 
 int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stream) {
   if (!ctx->cap_probe || gpumem__capturing(ctx)) return 0;
-  int st = GPUMEM_CAPTURE_NONE;
   uint64_t id = 0;
-  /* the vtable directly (a NONE answer is all that is taken; anything else takes the full path, which asks again) */
-  return ctx->be.stream_capture(&ctx->be, device, stream, &st, &id) == 0 && st == GPUMEM_CAPTURE_NONE;
+  /* (a NONE answer is all that is taken; anything else takes the full path, which asks again) */
+  return gpumem__be_capture_quiet(ctx, device, stream, &id) == GPUMEM_CAPTURE_NONE;
 }
 
 void gpumem__graph_reap(gpumem_context *ctx) {
-  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return;
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return; /* (without the lock) */
   gpumem__mutex_lock(&ctx->lock);
   int dropped = reap_locked(ctx);
   gpumem__mutex_unlock(&ctx->lock);
@@ -275,11 +283,11 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem_status st = GPUMEM_OK;
   gpumem__mutex_lock(&ctx->lock);
-  int dropped = atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0 ? reap_locked(ctx) : 0;
+  int dropped = reap_locked(ctx);
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n; i++)
     if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == gp->device) {
-      if (!ctx->routes[i].autop) {
+      if (!ctx->routes[i].gp->autop) {
         st = GPUMEM_ERR_INVALID_ARGUMENT; /* routed already (to this pool or another) */
         goto out;
       }
@@ -290,7 +298,7 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
   int cst = GPUMEM_CAPTURE_NONE;
   uint64_t id = 0;
   if (gpumem__be_stream_capture(ctx, gp->device, stream, &cst, &id) != GPUMEM_OK || cst != GPUMEM_CAPTURE_ACTIVE) id = 0;
-  if (!route_add_locked(ctx, gp, stream, id, 0)) st = GPUMEM_ERR_OUT_OF_MEMORY;
+  if (!route_add_locked(ctx, gp, stream, id)) st = GPUMEM_ERR_OUT_OF_MEMORY;
 out:
   gpumem__mutex_unlock(&ctx->lock);
   if (dropped > 0) gpumem__graph_collect(ctx, 0);
@@ -326,7 +334,7 @@ static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_st
   int cst = GPUMEM_CAPTURE_NONE, dropped = 0;
   uint64_t id = 0;
   gpumem__mutex_lock(&ctx->lock);
-  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0) dropped = reap_locked(ctx);
+  dropped = reap_locked(ctx);
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n && found == NULL; i++)
     if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == device) found = ctx->routes[i].gp;
@@ -398,7 +406,7 @@ gpumem_status gpumem_capture_pools_release(gpumem_context *ctx, int device) {
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && (device < 0 || device >= ctx->ndev)) return GPUMEM_ERR_INVALID_DEVICE;
   gpumem__mutex_lock(&ctx->lock);
-  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0) (void)reap_locked(ctx);
+  (void)reap_locked(ctx);
   /* a capture still under way keeps its pool (its route holds it) */
   for (gpumem_graph_pool *gp = ctx->graphs; gp != NULL; gp = gp->next)
     if (gp->autop && gp->nroutes == 0 && (device == GPUMEM_ALL_DEVICES || gp->device == device)) gp->released = 1;

@@ -163,9 +163,10 @@ void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size
  * and *capture_id (0 with NONE); NONE when the backend has no capture. Legal
  * during any capture, from any thread. */
 int gpumem__be_has_capture(const gpumem_context *ctx);
-/* 1 when capture `capture_id` of stream s has ended (the stream captures nothing, or another capture,
- * or the backend can no longer answer for it: a stream destroyed after its capture); no log. */
-int gpumem__be_capture_ended(gpumem_context *ctx, int dev, gpumem_stream s, uint64_t capture_id);
+/* gpumem__be_stream_capture without a log line or a recorded error: the status, or -1 when the backend
+ * cannot answer (no such method, or an error: a stream destroyed after its capture is the common one).
+ * For the questions asked at every allocation on a stream and at each capture's end (graph.c). */
+int gpumem__be_capture_quiet(gpumem_context *ctx, int dev, gpumem_stream s, uint64_t *capture_id);
 gpumem_status gpumem__be_stream_capture(gpumem_context *ctx, int dev, gpumem_stream s, int *status,
                                         uint64_t *capture_id);
 
