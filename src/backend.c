@@ -353,16 +353,6 @@ int gpumem__be_has_capture(const gpumem_context *ctx) {
   return ctx->be.version >= 3 && ctx->be.stream_capture != NULL;
 }
 
-int gpumem__be_capture_quiet(gpumem_context *ctx, int dev, gpumem_stream s, uint64_t *capture_id) {
-  int st = GPUMEM_CAPTURE_NONE;
-  uint64_t id = 0;
-  *capture_id = 0;
-  if (!gpumem__be_has_capture(ctx) || ctx->be.stream_capture(&ctx->be, dev, s, &st, &id) != 0) return -1;
-  if (st != GPUMEM_CAPTURE_NONE && st != GPUMEM_CAPTURE_ACTIVE && st != GPUMEM_CAPTURE_INVALIDATED) return -1;
-  *capture_id = st == GPUMEM_CAPTURE_NONE ? 0 : id;
-  return st;
-}
-
 gpumem_status gpumem__be_stream_capture(gpumem_context *ctx, int dev, gpumem_stream s, int *status,
                                         uint64_t *capture_id) {
   int st = GPUMEM_CAPTURE_NONE;

@@ -163,10 +163,10 @@ void gpumem__be_annotate_free(gpumem_context *ctx, int dev, void *p, size_t size
  * and *capture_id (0 with NONE); NONE when the backend has no capture. Legal
  * during any capture, from any thread. */
 int gpumem__be_has_capture(const gpumem_context *ctx);
-/* gpumem__be_stream_capture without a log line or a recorded error: the status, or -1 when the backend
- * cannot answer (no such method, or an error: a stream destroyed after its capture is the common one).
- * For the questions asked at every allocation on a stream and at each capture's end (graph.c). */
-int gpumem__be_capture_quiet(gpumem_context *ctx, int dev, gpumem_stream s, uint64_t *capture_id);
+/* gpumem__be_stream_capture without a log line or a recorded error: gpumem__be_capture_quiet (inline,
+ * below the context): the status, or -1 when the backend cannot answer (no such method, or an error: a
+ * stream destroyed after its capture is the common one). For the questions asked at every allocation on
+ * a stream and at each capture's end (graph.c). */
 gpumem_status gpumem__be_stream_capture(gpumem_context *ctx, int dev, gpumem_stream s, int *status,
                                         uint64_t *capture_id);
 
@@ -344,6 +344,18 @@ static inline uint64_t gpumem__mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* (backend.c's question, inlined: asked at every allocation on a stream other than NULL; see the
+ * declaration's comment with the backend calls) */
+static inline int gpumem__be_capture_quiet(gpumem_context *ctx, int dev, gpumem_stream s, uint64_t *capture_id) {
+  int st = GPUMEM_CAPTURE_NONE;
+  uint64_t id = 0;
+  *capture_id = 0;
+  if (ctx->be.version < 3 || ctx->be.stream_capture == NULL || ctx->be.stream_capture(&ctx->be, dev, s, &st, &id) != 0)
+    return -1;
+  if (st != GPUMEM_CAPTURE_NONE && st != GPUMEM_CAPTURE_ACTIVE && st != GPUMEM_CAPTURE_INVALIDATED) return -1;
+  *capture_id = st == GPUMEM_CAPTURE_NONE ? 0 : id;
+  return st;
+}
 static inline int gpumem__capturing(const gpumem_context *ctx) {
   return atomic_load_explicit(&((gpumem_context *)ctx)->nroutes, memory_order_acquire) > 0;
 }

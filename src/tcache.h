@@ -297,7 +297,9 @@ static inline __attribute__((always_inline)) int gpumem__tc_fast_alloc_(gpumem_c
   gpumem__tc *c = gpumem__tls_tc;
   if (GPUMEM__UNLIKELY(size > GPUMEM__TC_MAX_SIZE)) return gpumem__tc_large_held(c) ? -2 : 0; /* alloc_large (context.c) */
   if (GPUMEM__UNLIKELY(!gpumem__tc_trylock(c))) return 0;
-  /* (probed: the key itself matches, and the backend is asked whether the stream is captured) */
+  /* (probed: the key itself matches, and the backend is asked whether the stream is captured, with the
+   * cache held: a remote flush waits for one driver question, where letting go and taking the cache
+   * again cost the probed pair 271 instructions against 224, scripts/callgrind-pairs.sh ... 256) */
   if (GPUMEM__LIKELY(c->ctx == ctx && c->dev == dev && (probed ? c->stream : c->astream) == stream)) {
     if (probed && !gpumem__graph_uncaptured(ctx, dev, stream)) {
       gpumem__tc_unlock_fast(c);
