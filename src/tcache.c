@@ -376,18 +376,6 @@ static size_t near_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned 
   return 0;
 }
 
-/* The inlined hit's choice (gpumem__tc_fast_alloc): the last block freed into rsize's class, when it is
- * not smaller than rsize and the headroom covers it. */
-static int last_fit(const gpumem__tc *c, size_t rsize, unsigned *k, unsigned *at) {
-  unsigned i = c->class_of[rsize >> 8], n = c->n[i];
-  if (n == 0) return 0;
-  size_t bsize = c->sz[(size_t)i * GPUMEM__TC_BIN_CAP + n - 1u];
-  if (bsize < rsize || bsize > c->acct.headroom) return 0;
-  *k = i;
-  *at = n - 1u;
-  return 1;
-}
-
 /* The large slot. A block above GPUMEM__TC_MAX_SIZE freed by this cache's thread on its key right
  * after this cache handed it out (no pool call of this cache came between: the block is lfresh) is
  * kept in the slot, and the next allocation of exactly its rounded size takes it back: no pool lock,
@@ -538,10 +526,7 @@ gpumem_status gpumem__tc_alloc(gpumem_context *ctx, gpumem__pool *p, size_t size
     if (size <= GPUMEM__TC_MAX_SIZE && !looked) {
       size_t rsize = (size + 255) & ~(size_t)255; /* no wrap: size is small here */
       unsigned k = 0, at = 0;
-      /* the block the inlined hit would take (those of streams that ask about capture come here, and
-       * must be served alike), else the nearest fit */
-      if (last_fit(c, rsize, &k, &at) || near_fit(c, rsize, &k, &at) != 0)
-        return take_held(c, p, gpumem__tc_pop(c, k, at, size, tag), out);
+      if (near_fit(c, rsize, &k, &at) != 0) return take_held(c, p, gpumem__tc_pop(c, k, at, size, tag), out);
     } else if (size > GPUMEM__TC_MAX_SIZE) {
       size_t rsize = large_rsize(size);
       if (!looked && c->lblk != NULL && c->lsz == rsize) return take_held(c, p, large_take(c, size, tag), out);
