@@ -312,8 +312,6 @@ static int g_sh_held;             /* this process holds g_sh->lock (under g_lock
 static uint64_t g_uuid_salt;      /* 0, or the hash of GPUMEM_SIM_SHARED: the devices' UUIDs depend on it */
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-/* g.ndev for stream_capture's answer without the lock (0: no state); stored under g_lock */
-static int g_qdev;
 /* fork(): a child must be able to create a sim context of its own even if
  * another parent thread held g_lock at the fork. */
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
@@ -820,8 +818,7 @@ static void sim__state_free(void) {
   }
   free(g.dev);
   g.dev = NULL;
-  g.ndev = 0;
-  __atomic_store_n(&g_qdev, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&g.ndev, 0, __ATOMIC_RELEASE); /* (read without the lock: sim_stream_capture) */
   __atomic_store_n(&g.ncaptures, 0, __ATOMIC_RELEASE);
   sim__sh_close();
   for (size_t i = 0; i < g.events.cap; i++)
@@ -895,8 +892,7 @@ static int sim_init(gpumem_backend *be) {
       if (!g.dev) {
         rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
       } else {
-        g.ndev = cfg.nvis;
-        __atomic_store_n(&g_qdev, cfg.nvis, __ATOMIC_RELEASE);
+        __atomic_store_n(&g.ndev, cfg.nvis, __ATOMIC_RELEASE);
         for (int i = 0; i < cfg.nvis; i++) {
           g.dev[i].physical = cfg.visible[i];
           g.dev[i].capacity = cfg.capacity[cfg.visible[i]];
@@ -906,8 +902,7 @@ static int sim_init(gpumem_backend *be) {
         if (cfg.shared[0] && (rc = sim__sh_open(&cfg)) != 0) {
           free(g.dev);
           g.dev = NULL;
-          g.ndev = 0;
-  __atomic_store_n(&g_qdev, 0, __ATOMIC_RELEASE);
+          __atomic_store_n(&g.ndev, 0, __ATOMIC_RELEASE); /* (read without the lock: sim_stream_capture) */
         }
       }
     }
@@ -1728,7 +1723,7 @@ static int sim_stream_capture(gpumem_backend *be, int device, gpumem_stream stre
   /* no capture anywhere: the answer without the lock (the core asks at every allocation on a stream
    * other than NULL; a driver's query of a stream's capture state takes no global lock either) */
   if (__atomic_load_n(&g.ncaptures, __ATOMIC_ACQUIRE) == 0 && device >= 0 &&
-      device < __atomic_load_n(&g_qdev, __ATOMIC_ACQUIRE)) {
+      device < __atomic_load_n(&g.ndev, __ATOMIC_ACQUIRE)) {
     *status = GPUMEM_CAPTURE_NONE;
     *capture_id = 0;
     return 0;
