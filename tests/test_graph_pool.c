@@ -29,6 +29,14 @@ static void capture_end_intact(gpumem_stream s) {
   assert_int_equal(invalidated, 0);
 }
 
+/* After a trim of every device, nothing is live and nothing is reserved on device 0. */
+static void expect_empty_after_trim(gpumem_context *ctx) {
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  gpumem_stats s = tu_stats(ctx, 0);
+  assert_int_equal(s.num_live, 0);
+  assert_int_equal(s.reserved_bytes, 0);
+}
+
 typedef struct {
   gpumem_context *ctx;
   gpumem_status st;
@@ -176,10 +184,7 @@ static void test_noted_free_during_capture(void **state) {
   assert_status(gpumem_graph_pool_end(gp, SB), GPUMEM_OK);
   for (int i = 0; i < 4; i++) assert_status(gpumem_free(ctx, q[i], st), GPUMEM_OK);
   /* after the capture, a trim synchronises the device: the parked block is free, and goes back */
-  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
-  gpumem_stats s = tu_stats(ctx, 0);
-  assert_int_equal(s.num_live, 0);
-  assert_int_equal(s.reserved_bytes, 0);
+  expect_empty_after_trim(ctx);
   assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
   tu_ctx_done(ctx);
 }
@@ -317,10 +322,7 @@ static void test_unrouted_captures_apart(void **state) {
   assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
   assert_true(tu_stats(ctx, 0).reserved_bytes >= (1u << 20)); /* that capture's pool: not released */
   assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
-  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
-  gpumem_stats dev = tu_stats(ctx, 0);
-  assert_int_equal(dev.num_live, 0);
-  assert_int_equal(dev.reserved_bytes, 0);
+  expect_empty_after_trim(ctx);
   tu_ctx_done(ctx);
 }
 
@@ -349,10 +351,7 @@ static void test_free_only_captures_leave_nothing(void **state) {
   }
   assert_status(gpumem_free(ctx, warm, NULL), GPUMEM_OK);
   /* no capture pool is left: the device's figures are its pool's alone, and a trim empties it */
-  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
-  gpumem_stats dev = tu_stats(ctx, 0);
-  assert_int_equal(dev.num_live, 0);
-  assert_int_equal(dev.reserved_bytes, 0);
+  expect_empty_after_trim(ctx);
   /* (a free the thread cache takes makes no call, and finds no capture: not every one is seen) */
   int made = tu_log_count_matching(log, "routed to no pool: a pool of its own", NULL);
   assert_true(made > 0);
