@@ -8,7 +8,9 @@
 //
 // Prints the median over 5 runs of ns per call, for 1 thread and for THREADS threads (per call of
 // each thread, all running at once), for the runtime's call and for the driver's (cuStreamIsCapturing
-// and cuStreamGetCaptureInfo, without the runtime's layer).
+// and cuStreamGetCaptureInfo, without the runtime's layer). It also checks what the cuda backend
+// relies on when it asks the driver: during a capture both calls give the same capture id, and a
+// thread with no context current gets an answer, or an error (then the backend asks the runtime).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -66,6 +68,25 @@ static void *worker(void *p) {
   return nullptr;
 }
 
+static CUresult drv_info(cudaStream_t s, CUstreamCaptureStatus *cst, cuuint64_t *cid) {
+#if CUDA_VERSION >= 13000
+  return cuStreamGetCaptureInfo((CUstream)s, cst, cid, nullptr, nullptr, nullptr, nullptr);
+#else
+  return cuStreamGetCaptureInfo((CUstream)s, cst, cid);
+#endif
+}
+
+static void *no_context(void *p) {
+  CUstreamCaptureStatus cst = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
+  CUcontext c = nullptr;
+  cuCtxGetCurrent(&c);
+  CUresult r = drv_info(*static_cast<cudaStream_t *>(p), &cst, &cid);
+  printf("driver query from a thread with %s context current: CUresult %d, status %d\n", c ? "a" : "no", (int)r,
+         (int)cst);
+  return nullptr;
+}
+
 static double run(int threads, long calls, std::vector<cudaStream_t> &streams, int how) {
   std::vector<pthread_t> t(threads);
   std::vector<arg> a(threads);
@@ -93,6 +114,27 @@ int main(int argc, char **argv) {
   }
   std::vector<cudaStream_t> streams(threads);
   for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  {
+    cudaStreamCaptureStatus st;
+    unsigned long long id = 0;
+    CUstreamCaptureStatus cst;
+    cuuint64_t cid = 0;
+    cudaGraph_t g = nullptr;
+    int ok = cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeRelaxed) == cudaSuccess;
+#if CUDART_VERSION >= 13000
+    ok = ok && cudaStreamGetCaptureInfo(streams[0], &st, &id, nullptr, nullptr, nullptr, nullptr) == cudaSuccess;
+#else
+    ok = ok && cudaStreamGetCaptureInfo(streams[0], &st, &id) == cudaSuccess;
+#endif
+    ok = ok && drv_info(streams[0], &cst, &cid) == CUDA_SUCCESS;
+    ok = ok && cudaStreamEndCapture(streams[0], &g) == cudaSuccess;
+    printf("capture ids: runtime %llu, driver %llu, status %d/%d: %s\n", id, (unsigned long long)cid, (int)st,
+           (int)cst, ok && id == cid && (int)st == (int)cst && st == cudaStreamCaptureStatusActive ? "agree" : "DIFFER");
+    if (g) cudaGraphDestroy(g);
+    pthread_t t;
+    pthread_create(&t, nullptr, no_context, &streams[0]);
+    pthread_join(t, nullptr);
+  }
   const char *names[] = {"cudaStreamGetCaptureInfo", "cuStreamIsCapturing", "cuStreamGetCaptureInfo"};
   for (int how = 0; how < 3; how++)
     for (int n : {1, threads}) {
