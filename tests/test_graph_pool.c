@@ -505,6 +505,7 @@ static void test_alloc_at_restores_state(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
   const gpumem_stream sa = tu_is_sim() ? SA : NULL; /* a made-up stream handle only on sim */
+  const gpumem_stream sb = tu_stream((uintptr_t)SB, 2);
   gpumem_graph_pool *gp;
   assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
   void *a, *b, *c;
@@ -517,14 +518,14 @@ static void test_alloc_at_restores_state(void **state) {
   /* the recorded state: a, b, c live. Later all are freed, the memory reused by others ... */
   assert_status(gpumem_free(ctx, a, sa), GPUMEM_OK);
   assert_status(gpumem_free(ctx, b, sa), GPUMEM_OK);
-  assert_status(gpumem_free(ctx, c, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, c, sb), GPUMEM_OK);
   void *x;
-  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, SB, &x), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 3 << 20, sb, &x), GPUMEM_OK);
   /* ... a range that overlaps a live block is refused, and nothing changes */
   assert_status(gpumem_graph_pool_alloc_at(gp, x, 4096), GPUMEM_ERR_BUSY);
   assert_status(gpumem_graph_pool_alloc_at(gp, (char *)x + (1 << 20), 1 << 20), GPUMEM_ERR_BUSY); /* inside it */
   assert_status(gpumem_graph_pool_alloc_at(gp, (char *)x + (3 << 20) - 256, 512), GPUMEM_ERR_BUSY); /* across its end */
-  assert_status(gpumem_free(ctx, x, SB), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, x, sb), GPUMEM_OK);
   /* restore: each block at its address again, in any order, the middle one first */
   assert_status(gpumem_graph_pool_alloc_at(gp, b, 1000), GPUMEM_OK);
   assert_status(gpumem_graph_pool_alloc_at(gp, c, 5 << 20), GPUMEM_OK);

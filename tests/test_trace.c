@@ -131,7 +131,7 @@ static void workload(gpumem_context *ctx, uint64_t seed, parsed *want) {
   void *ptr[NSLOTS] = {0};
   uint64_t id[NSLOTS] = {0}, astream[NSLOTS] = {0};
   uint64_t next = 1;
-  const uint64_t streams[3] = {0, 0x1000, 0x2000};
+  const uint64_t streams[3] = {0, (uintptr_t)tu_stream(0x1000, 1), (uintptr_t)tu_stream(0x2000, 2)};
   for (int op = 0; op < NOPS; op++) {
     int k = (int)tu_rand_range(&seed, 0, NSLOTS - 1);
     if (ptr[k] == NULL) {
@@ -287,7 +287,8 @@ static void test_env_file(void **state) {
   tu_setenv("GPUMEM_TRACE", path);
   gpumem_context *ctx = tu_ctx_new(NULL);
   void *a, *b;
-  assert_status(gpumem_alloc(ctx, 0, 1000, (gpumem_stream)(uintptr_t)77, &a), GPUMEM_OK);
+  const gpumem_stream s77 = tu_stream(77, 2);
+  assert_status(gpumem_alloc(ctx, 0, 1000, s77, &a), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, 2000, NULL, &b), GPUMEM_OK);
   assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);
   assert_status(gpumem_trace_start(ctx, path), GPUMEM_ERR_BUSY);
@@ -297,9 +298,9 @@ static void test_env_file(void **state) {
   assert_true(p.header && p.end);
   parsed want;
   memset(&want, 0, sizeof want);
-  push(&want, (ev){'a', 1, 1000, 77, 0, 0});
+  push(&want, (ev){'a', 1, 1000, (uintptr_t)s77, 0, 0});
   push(&want, (ev){'a', 2, 2000, 0, 0, 0});
-  push(&want, (ev){'f', 1, 0, 0, 0, 1}); /* freed on the default stream, allocated on 77 */
+  push(&want, (ev){'f', 1, 0, 0, 0, 1}); /* freed on the default stream, allocated on s77 */
   push(&want, (ev){'f', 2, 0, 0, 0, 0});
   assert_same_events(&p, &want);
   free(p.e);

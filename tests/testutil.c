@@ -30,6 +30,9 @@ const char *tu_backend(void) {
 }
 
 int tu_is_sim(void) { return strcmp(tu_backend(), "sim") == 0; }
+gpumem_stream tu_stream(uintptr_t made_up, int which) {
+  return (gpumem_stream)(tu_is_sim() ? made_up : (uintptr_t)(which == 1 ? 1 : 2));
+}
 
 void tu_config(gpumem_config *cfg) {
   gpumem_config_init(cfg);
