@@ -505,7 +505,7 @@ static void test_alloc_at_restores_state(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
   const gpumem_stream sa = tu_is_sim() ? SA : NULL; /* a made-up stream handle only on sim */
-  const gpumem_stream sb = tu_stream((uintptr_t)SB, 2);
+  const gpumem_stream sb = tu_stream((uintptr_t)SB);
   gpumem_graph_pool *gp;
   assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
   void *a, *b, *c;

@@ -131,7 +131,7 @@ static void workload(gpumem_context *ctx, uint64_t seed, parsed *want) {
   void *ptr[NSLOTS] = {0};
   uint64_t id[NSLOTS] = {0}, astream[NSLOTS] = {0};
   uint64_t next = 1;
-  const uint64_t streams[3] = {0, (uintptr_t)tu_stream(0x1000, 1), (uintptr_t)tu_stream(0x2000, 2)};
+  const uint64_t streams[3] = {0, (uintptr_t)tu_stream(0x1000), (uintptr_t)tu_stream(0x2000)};
   for (int op = 0; op < NOPS; op++) {
     int k = (int)tu_rand_range(&seed, 0, NSLOTS - 1);
     if (ptr[k] == NULL) {
@@ -287,7 +287,7 @@ static void test_env_file(void **state) {
   tu_setenv("GPUMEM_TRACE", path);
   gpumem_context *ctx = tu_ctx_new(NULL);
   void *a, *b;
-  const gpumem_stream s77 = tu_stream(77, 2);
+  const gpumem_stream s77 = tu_stream(77);
   assert_status(gpumem_alloc(ctx, 0, 1000, s77, &a), GPUMEM_OK);
   assert_status(gpumem_alloc(ctx, 0, 2000, NULL, &b), GPUMEM_OK);
   assert_status(gpumem_free(ctx, a, NULL), GPUMEM_OK);

@@ -30,9 +30,7 @@ const char *tu_backend(void) {
 }
 
 int tu_is_sim(void) { return strcmp(tu_backend(), "sim") == 0; }
-gpumem_stream tu_stream(uintptr_t made_up, int which) {
-  return (gpumem_stream)(tu_is_sim() ? made_up : (uintptr_t)(which == 1 ? 1 : 2));
-}
+gpumem_stream tu_stream(uintptr_t made_up) { return (gpumem_stream)(tu_is_sim() ? made_up : (uintptr_t)1); }
 
 void tu_config(gpumem_config *cfg) {
   gpumem_config_init(cfg);

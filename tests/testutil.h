@@ -54,12 +54,13 @@ const char *tu_backend(void);
 /** 1 when the backend under test is the simulator. */
 int tu_is_sim(void);
 /**
- * A stream handle other than NULL for tests that need distinct streams: `made_up` on sim (which
- * takes any handle), else a handle every CUDA call accepts with no stream created: `which` 1 the
- * legacy default stream (cudaStreamLegacy, 0x1), 2 the per-thread one (cudaStreamPerThread, 0x2).
- * A made-up handle is no stream to a driver: the capture probe asks the driver about every stream.
+ * A stream handle other than NULL for tests that need one: `made_up` on sim (which takes any
+ * handle), else the legacy default stream's handle (cudaStreamLegacy, 0x1), which every CUDA call
+ * accepts with no stream created. A made-up handle is no stream to a driver: the capture probe asks
+ * the driver about every stream. Not cudaStreamPerThread: once a thread has used it, a forked child
+ * that calls exit() crashes in CUDA's own teardown (tools/fork_exit.cu), and test_trace forks.
  */
-gpumem_stream tu_stream(uintptr_t made_up, int which);
+gpumem_stream tu_stream(uintptr_t made_up);
 /** Skip the current test unless the backend under test is sim. */
 #define TU_REQUIRE_SIM()                                                     \
   do {                                                                       \
