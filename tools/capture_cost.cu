@@ -1,5 +1,6 @@
-// capture_cost: what asking the CUDA runtime whether a stream is being captured costs
-// (cudaStreamGetCaptureInfo, the query the cuda backend's stream_capture makes), on a stream that is
+// capture_cost: what asking whether a stream is being captured costs (the runtime's
+// cudaStreamGetCaptureInfo, and the driver's cuStreamGetCaptureInfo that the cuda backend's
+// stream_capture asks, falling back to the runtime's where it fails), on a stream that is
 // not captured, from 1 and from T threads at once, each on a stream of its own. libgpumem asks it at
 // every allocation on a stream other than NULL, so that a capture nobody announced gets a pool of
 // its own (src/graph.c); this is that price.
