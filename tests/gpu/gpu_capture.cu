@@ -13,7 +13,12 @@
  * - the NULL stream while a non-blocking stream captures: NONE, and the
  *   capture survives the query;
  * - a call no mode permits (stream_synchronize of the capturing stream) does
- *   invalidate it, and stream_capture then says INVALIDATED.
+ *   invalidate it, and stream_capture then says INVALIDATED;
+ * - the default streams' handles (cudaStreamLegacy, cudaStreamPerThread), asked
+ *   from a thread that never made a context current (the backend asks the
+ *   driver, and the runtime where the driver's call fails): NONE;
+ * - a stream destroyed after its capture (the core asks about such streams
+ *   when it drops a capture's route): no crash, and no error left behind.
  */
 #include "gpu_util.h"
 
@@ -52,6 +57,19 @@ static void *other_thread(void *arg) {
       (void)be.vm_release(&be, 0, va, g);
     }
   }
+  return NULL;
+}
+
+struct fresh_args {
+  int rc_legacy, st_legacy, rc_per_thread, st_per_thread;
+};
+
+/* a thread that never called CUDA: no context is current on it */
+static void *fresh_thread(void *arg) {
+  fresh_args *a = (fresh_args *)arg;
+  uint64_t id = 99;
+  a->rc_legacy = be.stream_capture(&be, 0, (gpumem_stream)cudaStreamLegacy, &a->st_legacy, &id);
+  a->rc_per_thread = be.stream_capture(&be, 0, (gpumem_stream)cudaStreamPerThread, &a->st_per_thread, &id);
   return NULL;
 }
 
@@ -135,6 +153,30 @@ int main(void) {
   CHECK(status_of(s, NULL) == GPUMEM_CAPTURE_NONE);
 
   CHECK(be.stream_capture(&be, 0, (gpumem_stream)s, NULL, &id) != 0);
+
+  fresh_args f = {-1, -1, -1, -1};
+  CHECK(pthread_create(&t, NULL, fresh_thread, &f) == 0);
+  pthread_join(t, NULL);
+  printf("a thread with no context: legacy stream rc %d status %d, per-thread stream rc %d status %d\n", f.rc_legacy,
+         f.st_legacy, f.rc_per_thread, f.st_per_thread);
+  CHECK(f.rc_legacy == 0 && f.st_legacy == GPUMEM_CAPTURE_NONE);
+  CHECK(f.rc_per_thread == 0 && f.st_per_thread == GPUMEM_CAPTURE_NONE);
+
+  /* a stream destroyed after a capture: whatever the answer, no crash and no error left */
+  cudaStream_t gone;
+  CUDA_OK(cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(gone, cudaStreamCaptureModeRelaxed));
+  k_touch<<<1, 64, 0, gone>>>(scratch);
+  graph = NULL;
+  CUDA_OK(cudaStreamEndCapture(gone, &graph));
+  if (graph) CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(gone));
+  int gst = -1;
+  int grc = be.stream_capture(&be, 0, (gpumem_stream)gone, &gst, &id);
+  printf("a destroyed stream: rc %d status %d\n", grc, gst);
+  CHECK(grc != 0 || gst == GPUMEM_CAPTURE_NONE);
+  CHECK(cudaGetLastError() == cudaSuccess);
+
   CUDA_OK(cudaFree(scratch));
   CUDA_OK(cudaStreamDestroy(s));
   be.shutdown(&be);

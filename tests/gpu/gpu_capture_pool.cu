@@ -11,7 +11,9 @@
  *   written with another pattern, run between the launches: the graph's blocks keep its pattern
  *   (no allocation outside the graph got its memory);
  * - after the graph's blocks are freed and the context trimmed, the capture's pool stays (the graph
- *   may still be launched); after gpumem_capture_pools_release and a trim, nothing is reserved.
+ *   may still be launched); after gpumem_capture_pools_release and a trim, nothing is reserved;
+ * - a capture whose stream is destroyed before the library learns the capture ended: the calls
+ *   after it (which ask about that stream to drop its route) succeed and leave no runtime error.
  */
 #include "gpu_util.h"
 
@@ -146,6 +148,31 @@ int main(void) {
   CHECK_ST(gpumem_get_stats(ctx, 0, &st), GPUMEM_OK);
   printf("after gpumem_capture_pools_release and a trim: %llu bytes reserved\n", (unsigned long long)st.reserved_bytes);
   CHECK(st.reserved_bytes == 0);
+  /* a capture whose stream is destroyed before the library hears of the capture's end: the library
+   * asks about that stream when it drops the route; nothing fails, nothing is left in the runtime */
+  {
+    cudaStream_t gs;
+    CUDA_OK(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(gs, cudaStreamCaptureModeRelaxed));
+    void *gp = NULL;
+    CHECK_ST(gpumem_alloc(ctx, 0, 1 << 20, (gpumem_stream)gs, &gp), GPUMEM_OK);
+    if (gp) k_set<<<64, 256, 0, gs>>>((unsigned char *)gp, 1 << 20, 0x11);
+    CHECK_ST(gpumem_free(ctx, gp, (gpumem_stream)gs), GPUMEM_OK);
+    cudaGraph_t g = NULL;
+    CUDA_OK(cudaStreamEndCapture(gs, &g));
+    if (g) CUDA_OK(cudaGraphDestroy(g));
+    CUDA_OK(cudaStreamDestroy(gs));
+    void *after = NULL;
+    for (int i = 0; i < 4; i++) { /* both paths: the NULL stream and another stream */
+      CHECK_ST(gpumem_alloc(ctx, 0, (size_t)(i + 1) << 20, i % 2 ? S : NULL, &after), GPUMEM_OK);
+      CHECK_ST(gpumem_free(ctx, after, i % 2 ? S : NULL), GPUMEM_OK);
+    }
+    CHECK_ST(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK);
+    CUDA_OK(cudaStreamSynchronize(s));
+    CHECK_ST(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    printf("a capture's stream destroyed before the library saw the capture end: calls after it OK\n");
+  }
   CHECK_ST(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
   CUDA_OK(cudaFree(bad));
   CUDA_OK(cudaStreamDestroy(s));
