@@ -407,7 +407,7 @@ typedef enum cudaStreamCaptureStatus GB_capture_status_t;
 #include "gpu_runtime.inc.c"
 
 /*
- * The capture question is asked at every allocation and free on a stream other than NULL (the
+ * The capture question is asked at every allocation on a stream other than NULL (the
  * core's capture probe), so it goes to the driver when it can: cuStreamGetCaptureInfo costs about
  * 18 ns on an H100 against the runtime's cudaStreamGetCaptureInfo at 46 (tools/capture_cost.cu).
  * The two enums have the same values. Any driver error (no context current for a handle that
