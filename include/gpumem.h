@@ -385,7 +385,13 @@ GPUMEM_API gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gp
  * free the capture is known as a routed one is: its allocations, and those of the
  * streams joined to it, go to that pool, no call synchronises the device or frees
  * to it (gpumem_reset() gives ::GPUMEM_ERR_BUSY), and its memory is never handed to
- * work outside it. When the capture has ended the pool stays, with the memory of the
+ * work outside it. The library learns that such a capture has ended at the next
+ * allocation or free on its stream, or at gpumem_capture_ended(): it asks the backend
+ * about a stream only in a call that passes that stream, since an application may
+ * destroy the stream right after its capture and CUDA does not check the handles it
+ * is given (a query of a destroyed stream crashes). Until then the context stays in
+ * capture mode (no thread caches, trims give nothing back, gpumem_reset() is
+ * refused). When the capture has ended the pool stays, with the memory of the
  * blocks freed during the capture (the graph writes them at every launch) and of those
  * freed later, and nothing else allocates from it: call gpumem_capture_pools_release()
  * once the graphs captured that way are destroyed.
@@ -463,6 +469,27 @@ GPUMEM_API gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *pool);
  *         Thread-safe.
  */
 GPUMEM_API gpumem_status gpumem_capture_pools_release(gpumem_context *ctx, int device);
+
+/**
+ * \brief Tell the library that a capture nobody routed (see ::gpumem_graph_pool) has
+ *        ended, so that the context leaves capture mode now rather than at the next
+ *        allocation or free on the capture's stream.
+ *
+ * With a `stream`, the library asks the backend about that stream (it must be alive:
+ * call this after cudaStreamEndCapture and before cudaStreamDestroy) and forgets its
+ * capture if it has ended; a capture still under way is kept, and a stream the library
+ * found no capture on is no error. With `stream` NULL (the NULL stream is never
+ * captured), the caller states that no capture nobody routed is under way on `device`:
+ * every one the library knows of there is forgotten without asking (for streams
+ * destroyed after their capture). The pools of those captures stay until
+ * gpumem_capture_pools_release().
+ * \param ctx    context.
+ * \param device the stream's device; with a NULL stream, a device or ::GPUMEM_ALL_DEVICES.
+ * \param stream the stream whose capture ended, or NULL (see above).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL); ::GPUMEM_ERR_INVALID_DEVICE
+ *         (also ::GPUMEM_ALL_DEVICES with a stream). Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_capture_ended(gpumem_context *ctx, int device, gpumem_stream stream);
 
 /**
  * \brief Statistics of one graph pool (the fields of ::gpumem_stats that apply).

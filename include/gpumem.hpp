@@ -472,6 +472,18 @@ public:
   }
 
   /**
+   * \brief Tell the library that a graph capture nobody routed has ended (gpumem_capture_ended()):
+   *        `stream` is asked about (it must be alive); with `stream` NULL, every such capture on
+   *        `device` is forgotten without asking.
+   * \param device the stream's device; with a NULL stream, a device or ::GPUMEM_ALL_DEVICES.
+   * \param stream the stream whose capture ended, or NULL.
+   * \throws gpumem::error.
+   */
+  void capture_ended(int device, gpumem_stream stream) {
+    check(gpumem_capture_ended(raw_(), device, stream), "gpumem_capture_ended");
+  }
+
+  /**
    * \brief Invalidate every live allocation on a device and give all its memory back.
    *
    * Buffers and scopes still holding invalidated pointers free nothing when

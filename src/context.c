@@ -324,9 +324,10 @@ static __attribute__((noinline)) gpumem_status free_checked(gpumem_context *ctx,
   if (GPUMEM__UNLIKELY(ptr == NULL)) return GPUMEM_OK;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   /* a free may record an event on its stream, which a capture must not have queried later: a capture
-   * found here is known from now on (graph.c); one found before may have ended */
+   * found here is known from now on (graph.c); one found before on this stream may have ended */
   if (GPUMEM__UNLIKELY(atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0)) {
-    gpumem__graph_reap(ctx);
+    gpumem__pool *bp = stream != NULL ? gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr) : NULL;
+    if (bp != NULL) gpumem__graph_reap(ctx, gpumem__pool_device(bp), stream);
   } else if (stream != NULL && ctx->cap_probe && !gpumem__capturing(ctx)) {
     gpumem__pool *bp = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr); /* (the stream is of the block's device) */
     int failed = 0; /* (no pool for the capture: the free itself needs none) */
@@ -406,7 +407,6 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && !valid_device(ctx, device)) return GPUMEM_ERR_INVALID_DEVICE;
-  gpumem__graph_reap(ctx); /* a capture that has ended no longer holds the trim back */
   uint64_t rel = 0;
   gpumem_status first = GPUMEM_OK;
   int lo = device == GPUMEM_ALL_DEVICES ? 0 : device;
@@ -485,7 +485,6 @@ gpumem_status gpumem_reset(gpumem_context *ctx, int device, unsigned flags) {
   /* a reset synchronises the device and frees to it, which would invalidate a capture under way (and
    * hand its graph's memory to other work): refused while one is known, or the backend reports one
    * on a device (the NULL stream's answer: CUDA's covers the blocking streams) */
-  gpumem__graph_reap(ctx);
   if (gpumem__capturing(ctx)) return GPUMEM_ERR_BUSY;
   for (int d = lo; d < hi && ctx->cap_probe; d++) {
     if (pool_get(ctx, d) == NULL) continue; /* (nothing of ours there; no query makes a context on it) */

@@ -26,13 +26,18 @@
  * capturing gets a pool created for that capture and a route (the pool marked `autop`),
  * and from then on the capture is known like a routed one: the other streams
  * of the capture find the pool by the capture's id, and no thread synchronises
- * the device or frees to it. Such a route is dropped once its stream reports
- * the capture ended (gpumem__graph_reap, at the library's next calls:
- * allocations and frees while captures are known, gpumem_trim); its pool
- * stays, since the graph may be launched as long as it lives and uses the
- * memory of blocks freed during the capture as well: nothing else allocates
- * from it, and gpumem_capture_pools_release (the graphs are gone) releases
- * it. A capture is learned of at its first allocation or free through the
+ * the device or frees to it. Such a route is dropped once its stream, named
+ * again by an allocation or a free or by gpumem_capture_ended, reports the
+ * capture ended (gpumem__graph_reap), or when the caller states that no such
+ * capture is under way (gpumem_capture_ended with no stream). The library asks
+ * about no other stream: a stream handle is used only
+ * in the call that passes it, since the application may destroy the stream
+ * right after its capture, and CUDA does not check the handles it is given (the
+ * driver's capture query of a destroyed stream crashed on an H100 and an H200).
+ * The pool stays after the capture, since the graph may be launched as long as
+ * it lives and uses the memory of blocks freed during the capture as well:
+ * nothing else allocates from it, and gpumem_capture_pools_release releases it.
+ * A capture is learned of at its first allocation or free through the
  * library: work it captured before that is the caller's.
  */
 #include "internal.h"
@@ -100,14 +105,17 @@ static int route_ended(gpumem_context *ctx, const gpumem__route *r) {
   return (st != GPUMEM_CAPTURE_ACTIVE && st != GPUMEM_CAPTURE_INVALIDATED) || (id != 0 && id != r->capture_id);
 }
 
-/* Drops the routes found by asking the backend whose capture has ended (caller holds ctx->lock).
+/* Drops the routes found by asking the backend whose capture has ended (caller holds ctx->lock): those
+ * of `stream` on device, the stream the current call names (no other stream is asked about: see above),
+ * or with `all`, every one of device without asking (the caller says none is under way).
  * Returns how many were dropped (then gpumem__graph_collect, without the lock). */
-static int reap_locked(gpumem_context *ctx) {
+static int reap_locked(gpumem_context *ctx, int device, gpumem_stream stream, int all) {
   if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return 0;
   int dropped = 0;
   for (int i = 0; i < atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);) {
     gpumem__route *r = &ctx->routes[i];
-    if (r->gp->autop && route_ended(ctx, r)) {
+    if (r->gp->autop && (device == GPUMEM_ALL_DEVICES || r->gp->device == device) &&
+        (all || (stream != NULL && r->stream == stream && route_ended(ctx, r)))) {
       gpumem_graph_pool *gp = r->gp;
       const unsigned long long id = (unsigned long long)r->capture_id;
       route_drop_locked(ctx, i); /* (r is another route from here on) */
@@ -207,10 +215,10 @@ int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stre
   return gpumem__be_capture_quiet(ctx, device, stream, &id) == GPUMEM_CAPTURE_NONE;
 }
 
-void gpumem__graph_reap(gpumem_context *ctx) {
-  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return; /* (without the lock) */
+void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream) {
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0 || stream == NULL) return; /* (without the lock) */
   gpumem__mutex_lock(&ctx->lock);
-  int dropped = reap_locked(ctx);
+  int dropped = reap_locked(ctx, device, stream, 0);
   gpumem__mutex_unlock(&ctx->lock);
   if (dropped > 0) gpumem__graph_collect(ctx, 0);
 }
@@ -283,7 +291,7 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   gpumem_status st = GPUMEM_OK;
   gpumem__mutex_lock(&ctx->lock);
-  int dropped = reap_locked(ctx);
+  int dropped = reap_locked(ctx, gp->device, stream, 0);
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n; i++)
     if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == gp->device) {
@@ -334,7 +342,7 @@ static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_st
   int cst = GPUMEM_CAPTURE_NONE, dropped = 0;
   uint64_t id = 0;
   gpumem__mutex_lock(&ctx->lock);
-  dropped = reap_locked(ctx);
+  dropped = reap_locked(ctx, device, stream, 0);
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   for (int i = 0; i < n && found == NULL; i++)
     if (ctx->routes[i].stream == stream && ctx->routes[i].gp->device == device) found = ctx->routes[i].gp;
@@ -406,12 +414,24 @@ gpumem_status gpumem_capture_pools_release(gpumem_context *ctx, int device) {
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device != GPUMEM_ALL_DEVICES && (device < 0 || device >= ctx->ndev)) return GPUMEM_ERR_INVALID_DEVICE;
   gpumem__mutex_lock(&ctx->lock);
-  (void)reap_locked(ctx);
-  /* a capture still under way keeps its pool (its route holds it) */
+  /* a capture the library still knows of keeps its pool (its route holds it): it may be under way,
+   * and its stream is not asked about (gpumem_capture_ended) */
   for (gpumem_graph_pool *gp = ctx->graphs; gp != NULL; gp = gp->next)
     if (gp->autop && gp->nroutes == 0 && (device == GPUMEM_ALL_DEVICES || gp->device == device)) gp->released = 1;
   gpumem__mutex_unlock(&ctx->lock);
   gpumem__graph_collect(ctx, 0); /* what is free now goes back; the rest as it is freed, at the next trim */
+  return GPUMEM_OK;
+}
+
+gpumem_status gpumem_capture_ended(gpumem_context *ctx, int device, gpumem_stream stream) {
+  if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
+  if (device >= ctx->ndev || device < (stream == NULL ? GPUMEM_ALL_DEVICES : 0)) return GPUMEM_ERR_INVALID_DEVICE;
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return GPUMEM_OK;
+  gpumem__mutex_lock(&ctx->lock);
+  int dropped = reap_locked(ctx, device, stream, stream == NULL);
+  gpumem__mutex_unlock(&ctx->lock);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0);
   return GPUMEM_OK;
 }
 

@@ -375,9 +375,10 @@ struct gpumem_graph_pool *gpumem__graph_probe(gpumem_context *ctx, int device, g
 /** graph.c: 1 when allocations on `stream` may be served as if no capture existed: capture_probe is on, no
  * capture is known, and the backend says the stream is not captured (the thread caches' probed hit). */
 int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stream);
-/** graph.c: drops the routes of the captures found by gpumem__graph_probe that have ended (their pools
- * are then released: given back once their blocks are freed). */
-void gpumem__graph_reap(gpumem_context *ctx);
+/** graph.c: drops the routes of `stream` (the stream the current call names; NULL: nothing) on device
+ * that gpumem__graph_probe found and whose capture has ended. Their pools stay until
+ * gpumem_capture_pools_release, but one that never got memory, which goes now. */
+void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream);
 /** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
 /** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */

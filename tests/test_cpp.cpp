@@ -174,6 +174,10 @@ void test_errors() {
   CHECK(throws_status([&] { (void)ctx.trim(9, 0); }, GPUMEM_ERR_INVALID_DEVICE));
   CHECK(throws_status([&] { ctx.release_capture_pools(9); }, GPUMEM_ERR_INVALID_DEVICE));
   ctx.release_capture_pools(); /* none made: nothing to do */
+  CHECK(throws_status([&] { ctx.capture_ended(9, nullptr); }, GPUMEM_ERR_INVALID_DEVICE));
+  CHECK(throws_status([&] { ctx.capture_ended(GPUMEM_ALL_DEVICES, (gpumem_stream)0x40); }, GPUMEM_ERR_INVALID_DEVICE));
+  ctx.capture_ended(0, (gpumem_stream)0x40); /* no capture known: nothing to do */
+  ctx.capture_ended(GPUMEM_ALL_DEVICES, nullptr);
 
   // catchable as std::runtime_error, status kept
   try {

@@ -327,8 +327,9 @@ static void test_unrouted_captures_apart(void **state) {
 }
 
 /* A capture that only frees through the library (PyTorch's: it allocates from its own graph pools)
- * is known from that free on, and the pool made for it, which got no memory, goes when the capture
- * ends: a hundred such captures leave no pool behind. */
+ * is known from that free on, and the pool made for it, which got no memory, goes when the library
+ * learns the capture ended (a call on its stream, or gpumem_capture_ended: PyTorch's
+ * endAllocateToPool): a hundred such captures leave no pool behind. */
 static void test_free_only_captures_leave_nothing(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
@@ -345,9 +346,15 @@ static void test_free_only_captures_leave_nothing(void **state) {
     capture_begin(SA);
     assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
     capture_end_intact(SA);
-    void *q; /* the next call sees the capture ended */
+    void *q; /* a call on another stream does not ask about SA (it may be destroyed by now) */
     assert_status(gpumem_alloc(ctx, 0, 64 << 10, NULL, &q), GPUMEM_OK);
     assert_status(gpumem_free(ctx, q, NULL), GPUMEM_OK);
+    if (i % 2 == 0) {
+      assert_status(gpumem_capture_ended(ctx, 0, SA), GPUMEM_OK);
+    } else { /* the next call on SA sees the capture ended */
+      assert_status(gpumem_alloc(ctx, 0, 64 << 10, SA, &q), GPUMEM_OK);
+      assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+    }
   }
   assert_status(gpumem_free(ctx, warm, NULL), GPUMEM_OK);
   /* no capture pool is left: the device's figures are its pool's alone, and a trim empties it */
@@ -358,6 +365,63 @@ static void test_free_only_captures_leave_nothing(void **state) {
   assert_int_equal(tu_log_count_matching(log, "got no memory and goes", NULL), made);
   tu_ctx_done(ctx);
   tu_log_free(log);
+}
+
+/* The library asks the backend about a stream only in a call that passes it: a capture's stream
+ * destroyed after the capture is never asked about (CUDA crashes there), by calls on other streams,
+ * trims, resets or releases. The capture stays known (capture mode: a reset is refused, a trim gives
+ * nothing back, its pool stays through a release) until gpumem_capture_ended(ctx, device, NULL), or a
+ * call on a stream made again at that handle; gpumem_capture_ended with a live stream under capture
+ * keeps it; bad input. */
+static void test_destroyed_capture_stream(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  for (int round = 0; round < 2; round++) {
+    void *a, *t, *q;
+    if (round > 0) assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK); /* a new stream at the handle */
+    capture_begin(SA);
+    assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &a), GPUMEM_OK);
+    assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &t), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, t, SA), GPUMEM_OK); /* a temporary the graph writes */
+    /* under way: asked about with its stream, kept */
+    assert_status(gpumem_capture_ended(ctx, 0, SA), GPUMEM_OK);
+    assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_ERR_BUSY);
+    capture_end_intact(SA);
+    assert_status(gpumem_free(ctx, a, SB), GPUMEM_OK); /* a block of the capture's pool, freed on SB */
+    assert_status(gpumem_sim_stream_destroy(0, SA), GPUMEM_OK);
+    for (int i = 0; i < 8; i++) {
+      assert_status(gpumem_alloc(ctx, 0, (size_t)(i + 1) << 20, i % 2 ? SB : NULL, &q), GPUMEM_OK);
+      assert_status(gpumem_free(ctx, q, i % 2 ? SB : NULL), GPUMEM_OK);
+    }
+    uint64_t rel = 1;
+    assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, &rel), GPUMEM_OK);
+    assert_int_equal(rel, 0); /* capture mode: nothing goes back */
+    assert_status(gpumem_reset(ctx, GPUMEM_ALL_DEVICES, 0), GPUMEM_ERR_BUSY);
+    assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
+    assert_true(tu_stats(ctx, 0).reserved_bytes >= (2u << 20)); /* the capture's pool: kept */
+    assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+    if (round == 0) {
+      assert_status(gpumem_capture_ended(ctx, GPUMEM_ALL_DEVICES, NULL), GPUMEM_OK); /* none under way */
+    } else { /* a stream made at the same handle, named by a call: asked, the old capture forgotten */
+      assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
+      assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &q), GPUMEM_OK);
+      assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+    }
+    assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+    assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
+    expect_empty_after_trim(ctx);
+    assert_status(gpumem_reset(ctx, GPUMEM_ALL_DEVICES, 0), GPUMEM_OK);
+  }
+  /* bad input */
+  assert_status(gpumem_capture_ended(NULL, 0, SA), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_status(gpumem_capture_ended(ctx, 99, SA), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_capture_ended(ctx, 99, NULL), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_capture_ended(ctx, -2, NULL), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_capture_ended(ctx, GPUMEM_ALL_DEVICES, SA), GPUMEM_ERR_INVALID_DEVICE);
+  assert_status(gpumem_capture_ended(ctx, 0, SB), GPUMEM_OK); /* no capture known: nothing to do */
+  assert_status(gpumem_capture_ended(ctx, 0, NULL), GPUMEM_OK);
+  tu_ctx_done(ctx);
 }
 
 /* gpumem_reset during a routed capture: GPUMEM_ERR_BUSY, nothing invalidated (the blocks stay live,
@@ -602,6 +666,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unrouted_captures_apart, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_reset_during_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_free_only_captures_leave_nothing, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_destroyed_capture_stream, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_explicit_alloc, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),

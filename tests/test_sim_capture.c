@@ -3,7 +3,7 @@
  * through its vtable (no core): begin/end, status and ids, what each mode
  * refuses and which refusals invalidate a capture, the sim's relaxed calls,
  * global mode across threads, thread-local mode, the calls no mode permits,
- * and bad input.
+ * destroyed streams, and bad input.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -352,6 +352,53 @@ static void test_no_state(void **state) {
   assert_int_equal(be.free(&be, 0, p), 0);
 }
 
+/* A destroyed stream: every vtable call naming it is refused and counted (CUDA reads freed memory
+ * there: a crash on an H100 and an H200); other streams are untouched; a stream made again at the
+ * handle lives, with nothing queued; bad input. */
+static void test_destroyed_stream(void **state) {
+  (void)state;
+  int st;
+  uint64_t id;
+  gpumem_event ev;
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+  assert_int_equal(be.event_create(&be, 0, &ev), 0);
+  assert_int_equal(be.event_record(&be, 0, ev, SA), 0);
+  assert_int_equal(gpumem_sim_stream_destroy(0, SA), GPUMEM_OK);
+  assert_int_equal(be.stream_capture(&be, 0, SA, &st, &id), GPUMEM_SIM_ERR_INVALID_VALUE);
+  assert_int_equal(be.event_record(&be, 0, ev, SA), GPUMEM_SIM_ERR_INVALID_VALUE);
+  assert_int_equal(be.stream_wait_event(&be, 0, SA, ev), GPUMEM_SIM_ERR_INVALID_VALUE);
+  assert_int_equal(be.stream_synchronize(&be, 0, SA), GPUMEM_SIM_ERR_INVALID_VALUE);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 4);
+  /* the same handle on the other device, other streams, NULL: alive */
+  assert_int_equal(cap_status(1, SA, NULL), GPUMEM_CAPTURE_NONE);
+  assert_int_equal(cap_status(0, SB, NULL), GPUMEM_CAPTURE_NONE);
+  assert_int_equal(cap_status(0, NULL, NULL), GPUMEM_CAPTURE_NONE);
+  assert_int_equal(be.event_record(&be, 0, ev, SB), 0);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 4);
+  /* bad input; a capturing stream cannot be destroyed */
+  assert_int_equal(gpumem_sim_stream_destroy(0, SA), GPUMEM_ERR_INVALID_ARGUMENT); /* twice */
+  assert_int_equal(gpumem_sim_stream_destroy(0, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_stream_destroy(7, SB), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(gpumem_sim_stream_create(0, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_stream_create(-3, SB), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(gpumem_sim_stream_begin_capture(0, SB, GPUMEM_SIM_CAPTURE_RELAXED), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_destroy(0, SB), GPUMEM_ERR_BUSY);
+  end_ok(SB, 0);
+  /* made again: alive, nothing counted */
+  assert_int_equal(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_create(0, SB), GPUMEM_OK); /* (never destroyed: nothing to do) */
+  assert_int_equal(cap_status(0, SA, NULL), GPUMEM_CAPTURE_NONE);
+  assert_int_equal(be.event_record(&be, 0, ev, SA), 0);
+  assert_int_equal(be.stream_synchronize(&be, 0, SA), 0);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 4);
+  assert_int_equal(be.event_destroy(&be, 0, ev), 0);
+  /* a new sim state counts from 0 */
+  be.shutdown(&be);
+  assert_int_equal(gpumem_sim_stream_destroy(0, SA), GPUMEM_ERR_NO_BACKEND);
+  assert_int_equal(be.init(&be), 0);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+}
+
 /* Version-3 method through the built-in registry, as the core finds it. */
 static void test_builtin_vtable(void **state) {
   (void)state;
@@ -372,6 +419,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_global_mode_across_threads, setup, teardown),
     cmocka_unit_test_setup_teardown(test_thread_local_mode, setup, teardown),
     cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_destroyed_stream, setup, teardown),
     cmocka_unit_test_setup_teardown(test_no_state, setup, teardown),
     cmocka_unit_test_setup_teardown(test_builtin_vtable, setup, teardown),
   };

@@ -163,6 +163,37 @@ GPUMEM_API gpumem_status gpumem_sim_stream_capture_status(int device, gpumem_str
                                                           uint64_t *capture_id, uint64_t *nodes);
 
 /**
+ * \brief Destroy a stream, as cudaStreamDestroy: from now on the handle names no
+ *        stream, and a backend call that names it (event_record, stream_wait_event,
+ *        stream_synchronize, stream_capture) fails with `GPUMEM_SIM_ERR_INVALID_VALUE` and is
+ *        counted by gpumem_sim_dead_stream_uses(). CUDA does not check such a handle: the call
+ *        reads freed driver memory (cuStreamGetCaptureInfo crashed on an H100 and an H200), so a
+ *        library must not keep using a stream handle after the call that passed it.
+ * \param device a visible device ordinal.
+ * \param stream the stream (not NULL: the legacy stream is never destroyed).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL stream, or destroyed already);
+ *         ::GPUMEM_ERR_BUSY (the stream's capture is not ended); ::GPUMEM_ERR_INVALID_DEVICE;
+ *         ::GPUMEM_ERR_NO_BACKEND (sim not initialised); ::GPUMEM_ERR_OUT_OF_MEMORY (host memory).
+ *         Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_destroy(int device, gpumem_stream stream);
+
+/**
+ * \brief Make a stream at a handle, as cudaStreamCreate may return the address of a
+ *        stream destroyed before: a destroyed handle names a stream again, with no work
+ *        queued. Nothing to do for a handle that was not destroyed (sim streams are made on
+ *        first use).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL stream); ::GPUMEM_ERR_INVALID_DEVICE;
+ *         ::GPUMEM_ERR_NO_BACKEND. Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_create(int device, gpumem_stream stream);
+
+/** \brief Backend calls that named a destroyed stream since the sim state was created
+ *         (see gpumem_sim_stream_destroy()): 0 in a library that uses only the streams its callers pass
+ *         in the call. Thread-safe. */
+GPUMEM_API uint64_t gpumem_sim_dead_stream_uses(void);
+
+/**
  * \brief Swap the calling thread's capture interaction mode, as
  *        cudaThreadExchangeStreamCaptureMode (each thread starts in global mode).
  * \param mode in: the new ::gpumem_sim_capture_mode; out: the previous one.

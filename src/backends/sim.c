@@ -229,6 +229,7 @@ typedef struct sim_stream {
   uint64_t *stamps;   /* clocked mode: the clock at each record, by target modulo SIM_RING (NULL until then) */
   int ndep;           /* waits on other streams not passed yet, in dep (SIM_DEPS, NULL until the first) */
   sim_dep *dep;
+  int dead;           /* gpumem_sim_stream_destroy: the handle names no stream until gpumem_sim_stream_create */
 } sim_stream;
 
 /* Records per stream whose clock the clocked mode remembers; older ones are complete. */
@@ -333,6 +334,7 @@ static struct {
   sim_map events; /* sim_event* -> 1 */
   uint64_t next_handle;
   int ncaptures;  /* streams whose capture is not yet ended (active or invalidated) */
+  int ndead;      /* streams destroyed (gpumem_sim_stream_destroy) and not made again */
 } g;
 
 /* Survive the state: fault injection, call counts, delayed mode. */
@@ -347,6 +349,7 @@ static struct {
   uint64_t clock;
   uint64_t next_capture_id; /* capture ids are unique in the process, across states */
   int no_relax;             /* gpumem_sim_set_capture_relax(0) */
+  uint64_t dead_uses;       /* backend calls that named a destroyed stream (gpumem_sim_dead_stream_uses) */
 } g_ctl;
 
 /* Count a call of a kind; return the injected error, or 0. Lock held. */
@@ -820,6 +823,7 @@ static void sim__state_free(void) {
   g.dev = NULL;
   __atomic_store_n(&g.ndev, 0, __ATOMIC_RELEASE); /* (read without the lock: sim_stream_capture) */
   __atomic_store_n(&g.ncaptures, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&g.ndead, 0, __ATOMIC_RELEASE);
   sim__sh_close();
   for (size_t i = 0; i < g.events.cap; i++)
     if (g.events.keys[i]) free((void *)g.events.keys[i]);
@@ -899,6 +903,7 @@ static int sim_init(gpumem_backend *be) {
         }
         if (g.next_handle == 0) g.next_handle = 1;
         memset(g_ctl.calls, 0, sizeof g_ctl.calls);
+        g_ctl.dead_uses = 0;
         if (cfg.shared[0] && (rc = sim__sh_open(&cfg)) != 0) {
           free(g.dev);
           g.dev = NULL;
@@ -1054,6 +1059,17 @@ static sim_stream *sim__stream(sim_device *d, gpumem_stream stream, int create) 
     return NULL;
   }
   return s;
+}
+
+/* A backend call naming a destroyed stream: counted (CUDA does not check the handle: such a call
+ * reads freed driver memory, and cuStreamGetCaptureInfo on an H100 and an H200 crashed), and
+ * GPUMEM_SIM_ERR_INVALID_VALUE; 0 for a stream that lives. Lock held. */
+static int sim__dead_use(sim_device *d, gpumem_stream stream) {
+  if (!stream || __atomic_load_n(&g.ndead, __ATOMIC_RELAXED) == 0) return 0;
+  sim_stream *s = sim__stream(d, stream, 0);
+  if (!s || !s->dead) return 0;
+  g_ctl.dead_uses++;
+  return GPUMEM_SIM_ERR_INVALID_VALUE;
 }
 
 /* Look up an event of a device. Lock held. */
@@ -1238,6 +1254,7 @@ static int sim_event_record(gpumem_backend *be, int device, gpumem_event ev, gpu
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_EVENT);
   sim_event *e = rc == 0 ? sim__event(device, ev, &rc) : NULL;
+  if (e && (rc = sim__dead_use(&g.dev[device], stream)) != 0) e = NULL;
   if (e && (rc = sim__stream_use(&g.dev[device], stream)) != 0) e = NULL;
   if (e) {
     sim_stream *s = sim__stream(&g.dev[device], stream, 1);
@@ -1317,6 +1334,7 @@ static int sim_stream_wait_event(gpumem_backend *be, int device, gpumem_stream s
     rc = GPUMEM_SIM_ERR_CAPTURED_EVENT;
     e = NULL;
   }
+  if (e && (rc = sim__dead_use(&g.dev[device], stream)) != 0) e = NULL;
   if (e && (rc = sim__stream_use(&g.dev[device], stream)) != 0) e = NULL;
   if (e) {
     sim_stream *s = sim__stream(&g.dev[device], stream, 1);
@@ -1351,6 +1369,7 @@ static int sim_stream_synchronize(gpumem_backend *be, int device, gpumem_stream 
   pthread_mutex_lock(&g_lock);
   rc = sim__enter(GPUMEM_SIM_CALL_SYNC);
   sim_device *d = rc == 0 ? sim__device(device, &rc) : NULL;
+  if (d && (rc = sim__dead_use(d, stream)) != 0) d = NULL;
   if (d) {
     sim_stream *s = sim__stream(d, stream, 0);
     if (s && s->cap_status == GPUMEM_CAPTURE_ACTIVE) {
@@ -1722,14 +1741,17 @@ static int sim_stream_capture(gpumem_backend *be, int device, gpumem_stream stre
   if (!status || !capture_id) return GPUMEM_SIM_ERR_INVALID_VALUE;
   /* no capture anywhere: the answer without the lock (the core asks at every allocation on a stream
    * other than NULL; a driver's query of a stream's capture state takes no global lock either) */
-  if (__atomic_load_n(&g.ncaptures, __ATOMIC_ACQUIRE) == 0 && device >= 0 &&
-      device < __atomic_load_n(&g.ndev, __ATOMIC_ACQUIRE)) {
+  if (__atomic_load_n(&g.ncaptures, __ATOMIC_ACQUIRE) == 0 && __atomic_load_n(&g.ndead, __ATOMIC_ACQUIRE) == 0 &&
+      device >= 0 && device < __atomic_load_n(&g.ndev, __ATOMIC_ACQUIRE)) {
     *status = GPUMEM_CAPTURE_NONE;
     *capture_id = 0;
     return 0;
   }
   pthread_mutex_lock(&g_lock);
-  int rc = sim__capture_query(device, stream, status, capture_id, NULL);
+  int rc = 0;
+  sim_device *d = sim__device(device, &rc);
+  if (d != NULL) rc = sim__dead_use(d, stream);
+  if (rc == 0) rc = sim__capture_query(device, stream, status, capture_id, NULL);
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -1894,6 +1916,55 @@ GPUMEM_API gpumem_status gpumem_sim_reinit(void) {
   rc = sim__read_env(&cfg);
   pthread_mutex_unlock(&g_lock);
   return sim__status_of(rc);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_destroy(int device, gpumem_stream stream) {
+  int rc = 0;
+  gpumem_status st = GPUMEM_OK;
+  if (!stream) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  sim_stream *s = d ? sim__stream(d, stream, 1) : NULL;
+  if (!d) {
+    st = sim__status_of(rc);
+  } else if (!s) {
+    st = GPUMEM_ERR_OUT_OF_MEMORY;
+  } else if (s->dead) {
+    st = GPUMEM_ERR_INVALID_ARGUMENT;
+  } else if (s->cap_status != GPUMEM_CAPTURE_NONE) {
+    st = GPUMEM_ERR_BUSY;
+  } else {
+    s->dead = 1;
+    __atomic_fetch_add(&g.ndead, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return st;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_create(int device, gpumem_stream stream) {
+  int rc = 0;
+  gpumem_status st = GPUMEM_OK;
+  if (!stream) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  sim_stream *s = d ? sim__stream(d, stream, 0) : NULL;
+  if (!d) {
+    st = sim__status_of(rc);
+  } else if (s && s->dead) {
+    s->dead = 0;
+    s->completed = s->submitted; /* the old stream's work is done (a new stream has none queued) */
+    sim__pull(s);
+    __atomic_fetch_sub(&g.ndead, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return st;
+}
+
+GPUMEM_API uint64_t gpumem_sim_dead_stream_uses(void) {
+  pthread_mutex_lock(&g_lock);
+  uint64_t n = g_ctl.dead_uses;
+  pthread_mutex_unlock(&g_lock);
+  return n;
 }
 
 static int sim__mode_ok(int mode) {

@@ -13,7 +13,9 @@
  * - after the graph's blocks are freed and the context trimmed, the capture's pool stays (the graph
  *   may still be launched); after gpumem_capture_pools_release and a trim, nothing is reserved;
  * - a capture whose stream is destroyed before the library learns the capture ended: the calls
- *   after it (which ask about that stream to drop its route) succeed and leave no runtime error.
+ *   after it succeed and never ask about that stream (CUDA crashes there, tools/dead_stream.cu);
+ *   the capture stays known (a reset is refused) until gpumem_capture_ended(ctx, 0, NULL); then
+ *   the release and a trim leave nothing reserved, and no runtime error.
  */
 #include "gpu_util.h"
 
@@ -149,7 +151,8 @@ int main(void) {
   printf("after gpumem_capture_pools_release and a trim: %llu bytes reserved\n", (unsigned long long)st.reserved_bytes);
   CHECK(st.reserved_bytes == 0);
   /* a capture whose stream is destroyed before the library hears of the capture's end: the library
-   * asks about that stream when it drops the route; nothing fails, nothing is left in the runtime */
+   * never asks about that stream (CUDA would crash: tools/dead_stream.cu); the capture stays known
+   * until gpumem_capture_ended(ctx, 0, NULL), then its pool goes at the release */
   {
     cudaStream_t gs;
     CUDA_OK(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
@@ -167,11 +170,19 @@ int main(void) {
       CHECK_ST(gpumem_alloc(ctx, 0, (size_t)(i + 1) << 20, i % 2 ? S : NULL, &after), GPUMEM_OK);
       CHECK_ST(gpumem_free(ctx, after, i % 2 ? S : NULL), GPUMEM_OK);
     }
+    CHECK_ST(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+    CHECK_ST(gpumem_reset(ctx, 0, 0), GPUMEM_ERR_BUSY); /* still known: capture mode */
+    CHECK_ST(gpumem_capture_ended(ctx, 0, NULL), GPUMEM_OK);
     CHECK_ST(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK);
     CUDA_OK(cudaStreamSynchronize(s));
     CHECK_ST(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+    memset(&st, 0, sizeof st);
+    CHECK_ST(gpumem_get_stats(ctx, 0, &st), GPUMEM_OK);
+    CHECK(st.reserved_bytes == 0);
     CHECK(cudaGetLastError() == cudaSuccess);
-    printf("a capture's stream destroyed before the library saw the capture end: calls after it OK\n");
+    printf("a capture's stream destroyed before the library saw the capture end: calls after it OK, "
+           "%llu bytes reserved after gpumem_capture_ended(NULL), the release and a trim\n",
+           (unsigned long long)st.reserved_bytes);
   }
   CHECK_ST(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
   CUDA_OK(cudaFree(bad));

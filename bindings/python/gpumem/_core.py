@@ -580,6 +580,21 @@ class Context:
         """
         self._call(capi.lib.gpumem_capture_pools_release, _device(device, True))
 
+    def capture_ended(self, stream: StreamLike = None, device: int = 0) -> None:
+        """Tell the library that a CUDA graph capture nobody announced has ended
+        (``gpumem_capture_ended``), so the context leaves capture mode now instead of at the
+        next allocation or free on the capture's stream.
+
+        With a ``stream`` (alive: call it after ``end_capture`` and before the stream is
+        destroyed) the library asks about that stream and forgets its capture if it ended; a
+        capture still under way is kept. With ``stream=None`` you state that no such capture
+        is under way on ``device`` (or :data:`ALL_DEVICES`): every one is forgotten without
+        asking (for streams destroyed after their capture). The library never asks about a
+        stream outside a call that passes it: a query of a destroyed stream crashes in CUDA.
+        """
+        s = stream_handle(stream)
+        self._call(capi.lib.gpumem_capture_ended, _device(device, s is None), s)
+
     def reset(self, device: int = 0, reset_device: bool = False) -> None:
         """Synchronise ``device`` (or :data:`ALL_DEVICES`), invalidate its allocations, give its memory back.
 

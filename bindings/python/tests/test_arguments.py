@@ -233,7 +233,8 @@ def test_capture_probe_keyword():
 
 def test_release_capture_pools():
     """A capture's own pool stays after the capture (the graph writes its memory at every launch)
-    until release_capture_pools(); bad devices raise."""
+    until release_capture_pools(), once the library knows the capture ended (capture_ended(), or a
+    call on its stream: it asks about no other stream); bad devices raise."""
     lib = gpumem.capi.lib
     begin, end = lib.gpumem_sim_stream_begin_capture, lib.gpumem_sim_stream_end_capture
     begin.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
@@ -250,6 +251,24 @@ def test_release_capture_pools():
                 c.release_capture_pools(bad)
         with pytest.raises(TypeError):
             c.release_capture_pools("0")
+        c.release_capture_pools()  # the capture is not known to have ended: its pool stays
+        c.trim()
+        assert c.stats()["reserved_bytes"] >= 4 * MiB
+        for bad in (99, -7):
+            with pytest.raises(gpumem.InvalidDeviceError):
+                c.capture_ended(s, bad)
+        with pytest.raises(gpumem.InvalidDeviceError):
+            c.capture_ended(s, gpumem.ALL_DEVICES)  # a stream is of one device
+        c.capture_ended(0x5200)  # a stream with no capture: nothing to do
+        c.capture_ended(s)
+        c.release_capture_pools()
+        c.trim()
+        assert c.stats()["reserved_bytes"] == 0
+        # a capture whose stream is gone: forgotten without asking, for every device
+        assert begin(0, s, 0) == 0
+        c.alloc(4 * MiB, stream=s).free()
+        assert end(0, s, None) == 0
+        c.capture_ended(None, gpumem.ALL_DEVICES)
         c.release_capture_pools()
         c.trim()
         assert c.stats()["reserved_bytes"] == 0

@@ -448,16 +448,21 @@ class GpumemAllocator final : public CCA::CUDAAllocator {
 
   void endAllocateToPool(DeviceIndex device, MempoolId_t mempool_id) override {
     check_device(device);
-    std::lock_guard<std::mutex> g(pools_mu_);
-    std::vector<Active>& act = active_[device];
-    for (auto it = act.begin(); it != act.end(); ++it) {
-      if (it->id == mempool_id) {
-        act.erase(it);
-        n_active_[device].fetch_sub(1, std::memory_order_release);
-        return;
-      }
+    {
+      std::lock_guard<std::mutex> g(pools_mu_);
+      std::vector<Active>& act = active_[device];
+      auto it = act.begin();
+      while (it != act.end() && it->id != mempool_id) ++it;
+      TORCH_CHECK(it != act.end(), "endAllocatePool: not currently recording to mempool_id");
+      act.erase(it);
+      n_active_[device].fetch_sub(1, std::memory_order_release);
     }
-    TORCH_CHECK(false, "endAllocatePool: not currently recording to mempool_id");
+    // CUDAGraph::capture_end calls this right after cudaStreamEndCapture, with the capture
+    // stream current. Frees made during the capture (of blocks allocated before it) made the
+    // library find the capture; it forgets it now, asking about that live stream, instead of at
+    // the stream's next allocation or free (the next capture, for torch.cuda.graph's side stream).
+    cudaStream_t s = c10::cuda::getCurrentCUDAStream(device).stream();
+    if (s != nullptr) (void)gpumem_capture_ended(ctx_, static_cast<int>(device), s);
   }
 
   void releasePool(DeviceIndex device, MempoolId_t mempool_id) override {
