@@ -209,6 +209,16 @@ def check_graph(torch: Any, replays: int = 10) -> Tuple[bool, str, Dict[str, Any
     }
 
 
+def check_graph_then_empty_cache(torch: Any) -> Tuple[bool, str, Dict[str, Any]]:
+    """After a capture and its replays, the allocator is out of capture mode: empty_cache gives back
+    what was freed since (libgpumem learns the capture ended at PyTorch's endAllocateToPool)."""
+    ok_g, text_g, data_g = check_graph(torch, replays=3)
+    ok_e, text_e, data_e = check_empty_cache(torch)
+    data = dict(data_g)
+    data.update(data_e)
+    return ok_g and ok_e, "%s; then %s" % (text_g, text_e), data
+
+
 def check_graphed_callables(torch: Any) -> Tuple[bool, str, Dict[str, Any]]:
     import copy
 
@@ -328,6 +338,7 @@ CHECKS: Dict[str, Tuple[str, Callable[[Any], Tuple[bool, str, Dict[str, Any]]]]]
     "record_stream": ("record_stream(B), del, new tensors on A (20 iterations)", check_record_stream),
     "record_stream_stress": ("record_stream stress: 3000 iterations, 4 streams, 512 B-64 MiB", check_record_stream_stress),
     "graph": ("torch.cuda.graph of an MLP 1024-8192-8192-1024, batch 256, replayed", check_graph),
+    "graph_empty_cache": ("torch.cuda.graph, 3 replays, then empty_cache after 8 GiB freed", check_graph_then_empty_cache),
     "graphed_callables": ("torch.cuda.make_graphed_callables, 5 training steps vs eager", check_graphed_callables),
     "mempool": ("torch.cuda.MemPool + use_mem_pool", check_mempool),
     "compile": ('torch.compile(mode="reduce-overhead") of an MLP: 6 calls and 6 training steps vs eager', check_compile),
