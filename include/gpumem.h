@@ -845,6 +845,16 @@ typedef struct gpumem_cupy_allocator {
   /** A Python callable, called as `on_error(size, device, status)` when an allocation
    *  fails; it raises the exception the caller is to see. */
   void *on_error;
+  /** A Python callable, or NULL: `on_stream(device, stream)` returns the object that owns
+   *  `stream` (CuPy's Stream). At the first allocation on a stream other than the default
+   *  ones (0, 1, 2), the library calls it and keeps the reference it returns while memory
+   *  allocated on that stream lives, letting it go after the last such free: the stream
+   *  is not destroyed before the memory allocated on it is freed on it (CUDA does not
+   *  check a destroyed stream's handle: a free naming one may crash). NULL (or a block
+   *  whose struct_size ends before this member): nothing held, and the application keeps
+   *  each stream alive while memory allocated on it lives. If it raises, the allocation
+   *  returns NULL with that exception pending. */
+  void *on_stream;
 } gpumem_cupy_allocator;
 
 /**

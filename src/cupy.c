@@ -9,12 +9,22 @@
  * Allocations for the default stream, CuPy's usual case, touch the map only while
  * it holds anything (to drop a stale entry a forced destroy left at that address).
  *
+ * A block is freed on its stream, so that stream must still exist then: CuPy destroys a
+ * Stream when its object goes, and arrays allocated on it may outlive it; CUDA does not
+ * check the stream handles it is given (a call naming a destroyed stream reads freed
+ * memory and crashed on an H200). With the caller's on_stream, the library holds a
+ * reference to the object owning each stream other than the default ones (1, 2: the
+ * legacy and per-thread default streams, never destroyed) while memory allocated on it
+ * lives, and lets it go after the last such free: the stream is destroyed after that
+ * free, not before (a second table: stream -> object, live blocks).
+ *
  * Errors are raised in Python through the interpreter's own functions, whose
  * addresses the caller put in the parameter block (gpumem.h): no Python header here.
  */
 #include "internal.h"
 #include "hashtab.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 
 typedef struct cupy_slot {
@@ -81,9 +91,110 @@ static int map_put(uintptr_t key, gpumem_stream stream) {
   return 0;
 }
 
+/* ---- streams held while memory allocated on them lives ---- */
+
+typedef struct hold_slot {
+  uintptr_t key; /* the stream; 0 = empty */
+  void *obj;     /* the reference on_stream returned */
+  size_t n;      /* live blocks allocated on it */
+} hold_slot;
+
+static hold_slot *hold_slots; /* under cupy_lock */
+static size_t hold_cap, hold_count;
+
+static uintptr_t hold_key(const void *slot) { return ((const hold_slot *)slot)->key; }
+
+/* A stream that is never destroyed, or none: nothing to hold. */
+static int stream_lasts(gpumem_stream s) { return (uintptr_t)s <= 2; }
+
+/* One more block on s: 1 when s is held (its count raised), 0 when not held yet. Lock held. */
+static int hold_more_locked(uintptr_t s) {
+  if (hold_cap == 0) return 0;
+  size_t mask = hold_cap - 1;
+  size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
+  if (i == SIZE_MAX) return 0;
+  hold_slots[i].n++;
+  return 1;
+}
+
+/* Hold obj for s with one block; -1 on host out-of-memory. Lock held; s not held. */
+static int hold_add_locked(uintptr_t s, void *obj) {
+  if ((hold_count + 1) * 2 > hold_cap) {
+    size_t ncap = hold_cap ? hold_cap * 2 : 16;
+    hold_slot *ns = gpumem__ht_grown(hold_slots, hold_cap, ncap, sizeof *ns, hold_key, cupy_hash);
+    if (ns == NULL) return -1;
+    free(hold_slots);
+    hold_slots = ns;
+    hold_cap = ncap;
+  }
+  size_t mask = hold_cap - 1;
+  size_t i = gpumem__ht_slot_for(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
+  hold_slots[i].key = s;
+  hold_slots[i].obj = obj;
+  hold_slots[i].n = 1;
+  hold_count++;
+  return 0;
+}
+
+/* One block fewer on s: the object to let go when it was the last, else NULL. */
+static void *hold_less(uintptr_t s) {
+  void *obj = NULL;
+  pthread_mutex_lock(&cupy_lock);
+  if (hold_cap != 0) {
+    size_t mask = hold_cap - 1;
+    size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
+    if (i != SIZE_MAX && --hold_slots[i].n == 0) {
+      obj = hold_slots[i].obj;
+      gpumem__ht_delete(hold_slots, sizeof *hold_slots, mask, i, hold_key, cupy_hash);
+      hold_count--;
+    }
+  }
+  pthread_mutex_unlock(&cupy_lock);
+  return obj;
+}
+
+static int holds_streams(const gpumem_cupy_allocator *a) {
+  return a->struct_size >= sizeof *a && a->on_stream != NULL && a->py_call != NULL && a->py_decref != NULL;
+}
+
+/* Before an allocation on s: s held for one more block. 0; -1 when on_stream raised (its exception
+ * pending); -2 when no host memory is left (nothing held then). Called with the GIL (CuPy allocates
+ * holding it). */
+static int hold_for(const gpumem_cupy_allocator *a, int device, gpumem_stream s) {
+  if (stream_lasts(s) || !holds_streams(a)) return 0;
+  pthread_mutex_lock(&cupy_lock);
+  int held = hold_more_locked((uintptr_t)s);
+  pthread_mutex_unlock(&cupy_lock);
+  if (held) return 0;
+  /* the first block on s: the object owning it, asked for without the lock (Python code runs) */
+  void *obj = a->py_call(a->on_stream, "in", device, (ptrdiff_t)(intptr_t)s);
+  if (obj == NULL) return -1;
+  pthread_mutex_lock(&cupy_lock);
+  int rc = 0;
+  if (hold_more_locked((uintptr_t)s)) {
+    pthread_mutex_unlock(&cupy_lock); /* another thread held it meanwhile: ours goes */
+    a->py_decref(obj);
+    return 0;
+  }
+  rc = hold_add_locked((uintptr_t)s, obj);
+  pthread_mutex_unlock(&cupy_lock);
+  if (rc != 0) a->py_decref(obj);
+  return rc != 0 ? -2 : 0;
+}
+
+/* After the free of a block on s (or a failed allocation): the hold's count lowered, the object
+ * let go after the last block. */
+static void hold_done(const gpumem_cupy_allocator *a, gpumem_stream s) {
+  if (stream_lasts(s) || !holds_streams(a)) return;
+  void *obj = hold_less((uintptr_t)s);
+  if (obj != NULL) a->py_decref(obj); /* may destroy the stream: after its last free */
+}
+
 static const gpumem_cupy_allocator *param_of(void *param) {
   const gpumem_cupy_allocator *a = param;
-  if (a == NULL || a->struct_size != sizeof *a) return NULL;
+  /* (a block of the size before on_stream was added holds no streams) */
+  if (a == NULL || (a->struct_size != sizeof *a && a->struct_size != offsetof(gpumem_cupy_allocator, on_stream)))
+    return NULL;
   return a;
 }
 
@@ -118,11 +229,18 @@ void *gpumem_cupy_malloc(void *param, size_t size, int device) {
     stream = (gpumem_stream)s;
   }
   void *p = NULL;
+  int held = hold_for(a, device, stream);
+  if (held == -1) return NULL; /* on_stream has raised */
+  if (held != 0) return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
   st = gpumem_alloc(ctx, device, size, stream, &p);
-  if (st != GPUMEM_OK) return fail(a, size, device, st);
+  if (st != GPUMEM_OK) {
+    hold_done(a, stream);
+    return fail(a, size, device, st);
+  }
   if (stream != NULL) {
     if (map_put((uintptr_t)p, stream) != 0) {
       (void)gpumem_free(ctx, p, stream);
+      hold_done(a, stream);
       return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
     }
   } else {
@@ -141,4 +259,5 @@ void gpumem_cupy_free(void *param, void *ptr, int device) {
   gpumem_context *ctx = a->ctx != NULL ? a->ctx : gpumem__global_context_if_created();
   if (ctx == NULL) return; /* nothing was ever allocated through the process-wide context */
   (void)gpumem_free(ctx, ptr, stream);
+  hold_done(a, stream);
 }

@@ -1,5 +1,6 @@
-/* CuPy's CFunctionAllocator entry points (cupy.c): the stream of each block, errors raised
- * through the caller's on_error, bad parameter blocks. The Python side (gpumem.cupy) hands
+/* CuPy's CFunctionAllocator entry points (cupy.c): the stream of each block, the streams held
+ * while memory allocated on them lives, errors raised through the caller's on_error, bad
+ * parameter blocks. The Python side (gpumem.cupy) hands
  * these the interpreter's functions; here they are recording stand-ins. */
 #include "testutil.h"
 
@@ -25,7 +26,24 @@ static char call_format[16];
 static long long call_size;
 static int call_device, call_status;
 static void *call_result;
+/* on_stream(device, stream): its calls and what it returns (a token per stream: the "Stream object") */
+static int on_stream_token;
+static int stream_owner_calls, owner_device;
+static intptr_t owner_stream;
+static int owner_raises;
+static char owner_a, owner_b;
+static void *owner_of(intptr_t s) { return s == (intptr_t)SA ? (void *)&owner_a : (void *)&owner_b; }
 static void *fake_call(void *callable, const char *format, ...) {
+  if (callable == &on_stream_token) {
+    stream_owner_calls++;
+    assert_string_equal(format, "in");
+    va_list ap;
+    va_start(ap, format);
+    owner_device = va_arg(ap, int);
+    owner_stream = (intptr_t)va_arg(ap, ptrdiff_t);
+    va_end(ap);
+    return owner_raises ? NULL : owner_of(owner_stream);
+  }
   calls++;
   called_with = callable;
   snprintf(call_format, sizeof call_format, "%s", format);
@@ -37,8 +55,14 @@ static void *fake_call(void *callable, const char *format, ...) {
   va_end(ap);
   return call_result; /* NULL: "raised" */
 }
+/* letting go of a stream's owner destroys the stream, as CuPy's Stream does when its last reference goes */
+static int owner_decrefs;
 static void fake_decref(void *obj) {
-  (void)obj;
+  if (obj == &owner_a || obj == &owner_b) {
+    owner_decrefs++;
+    if (tu_is_sim()) assert_status(gpumem_sim_stream_destroy(0, obj == &owner_a ? SA : SB), GPUMEM_OK);
+    return;
+  }
   decrefs++;
 }
 
@@ -55,6 +79,7 @@ static gpumem_cupy_allocator param_for(gpumem_context *ctx) {
   a.on_error = &on_error_token;
   current_stream = 0;
   stream_calls = calls = decrefs = 0;
+  stream_owner_calls = owner_decrefs = owner_raises = 0;
   call_result = NULL;
   return a;
 }
@@ -186,7 +211,9 @@ static void test_bad_param_block(void **state) {
   gpumem_context *ctx = tu_ctx_new(NULL);
   gpumem_cupy_allocator a = param_for(ctx);
   assert_null(gpumem_cupy_malloc(NULL, 4096, 0));
-  a.struct_size = sizeof a - 8;
+  a.struct_size = sizeof a - 16; /* (sizeof a - 8 is the block before on_stream: valid) */
+  assert_null(gpumem_cupy_malloc(&a, 4096, 0));
+  a.struct_size = sizeof a + 8;
   assert_null(gpumem_cupy_malloc(&a, 4096, 0));
   assert_int_equal(calls, 0);
   assert_int_equal(stream_calls, 0);
@@ -200,6 +227,75 @@ static void test_bad_param_block(void **state) {
   gpumem_cupy_free(&a, not_device_memory, 0);
   gpumem_stats after = tu_stats(ctx, GPUMEM_ALL_DEVICES);
   tu_assert_stats_equal(&before, &after);
+  tu_ctx_done(ctx);
+}
+
+/* With on_stream, the object owning a stream other than the default ones is held from the first
+ * allocation on it until after the last free on it: CuPy destroys a Stream with its object, and a
+ * free naming a destroyed stream may crash in CUDA (here the sim counts it). The default streams are
+ * never asked about; on_stream raising fails the allocation with nothing allocated; a block of the
+ * size before on_stream holds nothing. */
+static void test_streams_held_while_their_memory_lives(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_cupy_allocator a = param_for(ctx);
+  a.on_stream = &on_stream_token;
+  const size_t n = 4 * TU_MiB; /* (past the thread caches: every free reaches the pool) */
+  void *p[3], *q, *d;
+  current_stream = (intptr_t)SA;
+  for (int i = 0; i < 3; i++) assert_non_null(p[i] = gpumem_cupy_malloc(&a, n, 0));
+  assert_int_equal(stream_owner_calls, 1);
+  assert_int_equal(owner_device, 0);
+  assert_true(owner_stream == (intptr_t)SA);
+  current_stream = (intptr_t)SB;
+  assert_non_null(q = gpumem_cupy_malloc(&a, n, 0));
+  assert_int_equal(stream_owner_calls, 2);
+  for (intptr_t s = 0; s <= 2; s++) { /* NULL, legacy, per-thread: never destroyed, never asked */
+    current_stream = s;
+    assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
+    gpumem_cupy_free(&a, d, 0);
+  }
+  assert_int_equal(stream_owner_calls, 2);
+  current_stream = 0;
+  gpumem_cupy_free(&a, p[1], 0);
+  gpumem_cupy_free(&a, p[0], 0);
+  assert_int_equal(owner_decrefs, 0);
+  gpumem_cupy_free(&a, p[2], 0); /* the last block on SA: freed on SA, then SA's owner goes */
+  assert_int_equal(owner_decrefs, 1);
+  gpumem_cupy_free(&a, q, 0);
+  assert_int_equal(owner_decrefs, 2);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+  for (int i = 0; i < 8; i++) { /* later calls on other streams: the destroyed ones are never named */
+    assert_non_null(d = gpumem_cupy_malloc(&a, n << (i % 3), 0));
+    gpumem_cupy_free(&a, d, 0);
+  }
+  assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+  /* a stream made again at SA's address: asked for again, held again */
+  assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
+  current_stream = (intptr_t)SA;
+  assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
+  assert_int_equal(stream_owner_calls, 3);
+  gpumem_cupy_free(&a, d, 0);
+  assert_int_equal(owner_decrefs, 3);
+  /* on_stream raises: NULL, the exception left pending (on_error not called), nothing allocated */
+  assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
+  owner_raises = 1;
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_null(gpumem_cupy_malloc(&a, n, 0));
+  assert_int_equal(calls, 0);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_int_equal(after.num_live, before.num_live);
+  assert_int_equal(after.num_allocs, before.num_allocs);
+  /* the parameter block before on_stream: allocations on SA hold nothing */
+  owner_raises = 0;
+  a.struct_size = (uint32_t)offsetof(gpumem_cupy_allocator, on_stream);
+  assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
+  gpumem_cupy_free(&a, d, 0);
+  assert_int_equal(stream_owner_calls, 4); /* (the raising call above counted) */
+  assert_int_equal(owner_decrefs, 3);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
   tu_ctx_done(ctx);
 }
 
@@ -288,6 +384,7 @@ int main(void) {
       TU_TEST(test_default_stream_and_many_blocks),
       TU_TEST(test_failures_raise_through_on_error),
       TU_TEST(test_bad_param_block),
+      TU_TEST(test_streams_held_while_their_memory_lives),
       TU_TEST(test_process_wide_context),
       TU_TEST(test_threads),
   };

@@ -206,6 +206,7 @@ class CupyAllocator(Structure):
         ("py_call", c_void_p),
         ("py_decref", c_void_p),
         ("on_error", c_void_p),
+        ("on_stream", c_void_p),
     ]
 
 

@@ -132,12 +132,24 @@ def _stream_function() -> Optional[int]:
     return get_pointer(capsule, name) or None
 
 
+def _stream_owner(device: int, ptr: int) -> Any:
+    """The CuPy Stream object of ``ptr``, CuPy's current stream of ``device`` (the library holds it
+    while memory allocated on that stream lives: CuPy destroys a Stream with its object, and a free
+    naming a destroyed stream may crash in CUDA); None where it is not that stream."""
+    cupy = _import_cupy()
+    with cupy.cuda.Device(device):
+        stream = cupy.cuda.get_current_stream()
+    return stream if stream.ptr == ptr else None
+
+
 class _CAllocator:
-    """Keeps alive what CuPy's CFunctionAllocator points to: the parameter block, the context, on_error."""
+    """Keeps alive what CuPy's CFunctionAllocator points to: the parameter block, the context, on_error,
+    on_stream."""
 
     def __init__(self, ctx: Context, stream_fn: int) -> None:
         self.ctx = ctx
         self.on_error = _raise_for(ctx)
+        self.on_stream = _stream_owner
         p = capi.CupyAllocator()
         p.struct_size = ctypes.sizeof(capi.CupyAllocator)
         p.ctx = ctx.handle
@@ -145,6 +157,7 @@ class _CAllocator:
         p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
         p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
         p.on_error = id(self.on_error)  # a borrowed reference: self keeps the function alive
+        p.on_stream = id(self.on_stream)
         self.param = p
 
 
@@ -213,7 +226,8 @@ def _python_allocator(cupy: Any, ctx: Context) -> Callable[[int], Any]:
 
     def gpumem_cupy_alloc(nbytes: int) -> Any:
         device = cupy.cuda.runtime.getDevice()
-        stream = cupy.cuda.get_current_stream().ptr
+        current = cupy.cuda.get_current_stream()
+        stream = current.ptr
         try:
             buf = ctx.alloc(nbytes, device=device, stream=stream)
         except (errors.OutOfMemoryError, errors.LimitExceededError) as e:
@@ -222,7 +236,10 @@ def _python_allocator(cupy: Any, ctx: Context) -> Callable[[int], Any]:
             except errors.GpumemError:
                 total = 0
             raise out_of_memory_error()(nbytes, total, e.status, e.name, e.message) from e
-        mem = cupy.cuda.UnownedMemory(buf.ptr, nbytes, buf, device)
+        # the buffer is freed on its stream: the Stream object (CuPy destroys the stream with it)
+        # lives as long as the memory, except the default streams, which are never destroyed
+        owner = buf if stream <= 2 else (buf, current)
+        mem = cupy.cuda.UnownedMemory(buf.ptr, nbytes, owner, device)
         return cupy.cuda.MemoryPointer(mem, 0)
 
     return gpumem_cupy_alloc

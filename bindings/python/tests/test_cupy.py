@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import types
+import weakref
 
 import pytest
 
@@ -52,18 +53,40 @@ def test_c_entry_points_allocate_on_the_stream_and_raise_python_errors(monkeypat
             raised.append(self)
 
     monkeypatch.setattr(gcupy, "out_of_memory_error", lambda: StandIn)
+
+    class StreamObject:  # what CuPy's Stream is to the library: an object it holds
+        pass
+
+    held = []  # weak references to what on_stream handed out
+
+    def stream_owner(device, ptr):
+        o = StreamObject()
+        held.append((device, ptr, weakref.ref(o)))
+        return o
+
+    monkeypatch.setattr(gcupy, "_stream_owner", stream_owner)
     with gpumem.Context(backend="sim", limit_bytes=64 * MiB) as ctx:
         owner = gcupy._CAllocator(ctx, ctypes.cast(stream_cb, ctypes.c_void_p).value)
         param = ctypes.addressof(owner.param)
         p = malloc(param, 4096, 0)
         assert p and current["devices"] == [0]
         assert ctx.stats()["num_live"] == 1
+        # the stream's object is held while memory allocated on it lives, let go after the last free
+        p2 = malloc(param, 8192, 0)
+        assert [(d, s) for d, s, _ in held] == [(0, 0xA0)] and held[0][2]() is not None
         free(param, p, 0)
+        assert held[0][2]() is not None
+        free(param, p2, 0)
+        assert held[0][2]() is None
         assert ctx.stats()["num_live"] == 0
+        current["stream"] = 0  # the default stream: nothing held
+        free(param, malloc(param, 4096, 0), 0)
+        assert len(held) == 1
+        current["stream"] = 0xA0
         with gpumem.Context(backend="sim") as other:  # a pointer of another context: ignored
             q = other.alloc(256)
             free(param, q.ptr, 0)
-            assert ctx.stats()["num_frees"] == 1
+            assert ctx.stats()["num_frees"] == 3
             q.free()
 
         with pytest.raises(StandIn) as ei:
@@ -107,6 +130,46 @@ def test_cupy_takes_the_c_path():
                 assert int(a.sum()) == 499500
             assert own.stats()["num_live"] == 1
         del a  # its Buffer died with the context: nothing is freed twice
+        print("ok")
+        """
+    )
+
+
+@pytest.mark.skipif(not HAVE_CUPY, reason="CuPy is not installed")
+def test_cupy_arrays_outlive_their_stream():
+    """Arrays allocated on a Stream that is dropped before them (CuPy destroys a stream with its
+    object) are freed on it later without a crash, on the C path and on the Python path: the
+    library holds the Stream while memory allocated on it lives (a free naming a destroyed
+    stream crashes in CUDA)."""
+    _run(
+        """
+        import gc, weakref, cupy, gpumem, gpumem.cupy
+        def on_a_stream_of_its_own(n):
+            s = cupy.cuda.Stream(non_blocking=True)
+            with s:
+                a = [cupy.full(n, 3, dtype=cupy.float32) for _ in range(3)]
+            return a, weakref.ref(s)
+        for path in ("c", "python"):
+            own = None
+            if path == "c":
+                gpumem.cupy.enable()
+            else:
+                gpumem.cupy.disable()
+                own = gpumem.Context(backend="cuda")
+                cupy.cuda.set_allocator(gpumem.cupy.allocator(own))
+            arrays, sref = on_a_stream_of_its_own(1 << 22)  # 16 MiB each: past the thread caches
+            gc.collect()
+            assert sref() is not None, "the stream went while its memory lives"
+            assert all(int((x != 3).sum()) == 0 for x in arrays)
+            del arrays
+            gc.collect()
+            assert sref() is None, "the stream outlived its memory"
+            b = cupy.ones(1 << 22, dtype=cupy.float32)  # later calls, on another stream
+            assert float(b.sum()) == float(1 << 22)
+            del b
+            cupy.cuda.set_allocator(None)
+            if own is not None:
+                own.close()
         print("ok")
         """
     )
@@ -197,6 +260,7 @@ def test_cupys_stream_function_is_found_through_its_capsule(monkeypatch):
     addr = gcupy._stream_function()
     assert addr == ctypes.cast(fn, ctypes.c_void_p).value
     malloc, free = _entry_points()
+    monkeypatch.setattr(gcupy, "_stream_owner", lambda device, ptr: None)  # (no CuPy: nothing to hold)
     with gpumem.Context(backend="sim") as ctx:
         owner = gcupy._CAllocator(ctx, addr)
         p = malloc(ctypes.addressof(owner.param), 4096, 0)
