@@ -318,6 +318,12 @@ GPUMEM_API gpumem_status gpumem_alloc(gpumem_context *ctx, int device, size_t si
  *
  * The block may serve a later allocation on `stream` at once, and on another
  * stream only after the work queued on `stream` before this call completed.
+ * `stream` must exist during the call (not destroyed yet): the library may
+ * record an event on it or ask whether it is being captured, and CUDA does not
+ * check stream handles (a call naming a destroyed stream may crash). The
+ * library uses a stream handle only in a call that passes it, so a stream may
+ * be destroyed once the calls naming it have returned, except a stream noted
+ * with gpumem_record_stream(), which must exist until the block is freed.
  * \return ::GPUMEM_OK (also for NULL); ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL);
  *         ::GPUMEM_ERR_INVALID_POINTER (not from this context, already freed, or interior); ::GPUMEM_ERR_BACKEND.
  * Thread-safe.
