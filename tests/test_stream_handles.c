@@ -44,6 +44,17 @@ static int w_stream_synchronize(gpumem_backend *be, int dev, gpumem_stream s) {
   return g_sim->stream_synchronize((gpumem_backend *)g_sim, dev, s);
 }
 
+static int w_stream_wait_event(gpumem_backend *be, int dev, gpumem_stream s, gpumem_event ev) {
+  (void)be;
+  note(s);
+  return g_sim->stream_wait_event((gpumem_backend *)g_sim, dev, s, ev);
+}
+static int w_stream_capture(gpumem_backend *be, int dev, gpumem_stream s, int *status, uint64_t *id) {
+  (void)be;
+  if (s != NULL) note(s); /* (the NULL stream is never destroyed: asked about from any call) */
+  return g_sim->stream_capture((gpumem_backend *)g_sim, dev, s, status, id);
+}
+
 static gpumem_context *wrapped_ctx(void) {
   g_sim = gpumem_builtin_backend("sim");
   assert_non_null(g_sim);
@@ -51,6 +62,8 @@ static gpumem_context *wrapped_ctx(void) {
   g_wrap.name = "sim-stream-check";
   g_wrap.event_record = w_event_record;
   g_wrap.stream_synchronize = w_stream_synchronize;
+  g_wrap.stream_wait_event = w_stream_wait_event;
+  g_wrap.stream_capture = w_stream_capture;
   atomic_store(&g_bad, 0);
   atomic_store(&g_stream_calls, 0);
   gpumem_config cfg;
@@ -231,6 +244,52 @@ static void test_dead_streams(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A capture found on a stream (no route named it) is asked about only in calls on that stream: the
+ * application may destroy the stream right after the capture (CUDA crashes when asked about it).
+ * Calls on other streams, trims, a reset and a release between never name it; a call on it later,
+ * or gpumem_capture_ended, forgets the capture. */
+static void test_capture_stream_asked_only_when_named(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = wrapped_ctx();
+  for (int round = 0; round < 3; round++) {
+    gpumem_stream t = (gpumem_stream)(uintptr_t)(0x3000 + 0x10 * round);
+    void *a = NULL, *b = NULL, *q = NULL;
+    assert_status(gpumem_sim_stream_begin_capture(0, t, GPUMEM_SIM_CAPTURE_RELAXED), GPUMEM_OK);
+    assert_status(c_alloc(ctx, 4 * TU_MiB, t, &a), GPUMEM_OK);
+    assert_status(c_alloc(ctx, 4 * TU_MiB, t, &b), GPUMEM_OK);
+    assert_status(c_free(ctx, a, t), GPUMEM_OK);
+    assert_status(gpumem_sim_stream_end_capture(0, t, NULL), GPUMEM_OK);
+    /* t is "destroyed" here */
+    for (int i = 0; i < 6; i++) {
+      gpumem_stream s = i % 2 ? SA : NULL;
+      assert_status(c_alloc(ctx, (size_t)(i + 1) * TU_MiB, s, &q), GPUMEM_OK);
+      assert_status(c_free(ctx, q, s), GPUMEM_OK);
+    }
+    assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+    assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_ERR_BUSY); /* the capture is still known */
+    assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
+    assert_true(atomic_load(&g_bad) == 0);
+    if (round == 0) {
+      tl_cur = t; /* the block is freed on t while t lives: a call naming t */
+      tl_in_call = 1;
+      assert_status(gpumem_capture_ended(ctx, 0, t), GPUMEM_OK);
+      tl_in_call = 0;
+      assert_status(c_free(ctx, b, t), GPUMEM_OK);
+    } else {
+      assert_status(c_free(ctx, b, SB), GPUMEM_OK); /* freed on another stream: t is never named */
+      assert_status(gpumem_capture_ended(ctx, GPUMEM_ALL_DEVICES, NULL), GPUMEM_OK);
+    }
+    assert_status(gpumem_capture_pools_release(ctx, GPUMEM_ALL_DEVICES), GPUMEM_OK);
+    assert_status(gpumem_trim(ctx, GPUMEM_ALL_DEVICES, 0, NULL), GPUMEM_OK);
+    assert_int_equal(tu_stats(ctx, 0).reserved_bytes, 0);
+    assert_status(gpumem_reset(ctx, 0, 0), GPUMEM_OK);
+  }
+  assert_true(atomic_load(&g_bad) == 0);
+  assert_true(atomic_load(&g_stream_calls) > 0);
+  tu_ctx_done(ctx);
+}
+
 /* Random multi-stream, multi-thread work (small and large sizes, trims):
  * no stream call names a stream other than the current call's, and no
  * block is ever handed out twice. */
@@ -303,7 +362,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       TU_TEST(test_free_complete_alloc_other), TU_TEST(test_unbatched_until_next_call),
       TU_TEST(test_pending_batch_renewed_on_demand), TU_TEST(test_single_stream),
-      TU_TEST(test_dead_streams),
+      TU_TEST(test_dead_streams), TU_TEST(test_capture_stream_asked_only_when_named),
       TU_TEST(test_threads_streams_policy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
