@@ -1918,38 +1918,24 @@ GPUMEM_API gpumem_status gpumem_sim_reinit(void) {
   return sim__status_of(rc);
 }
 
-GPUMEM_API gpumem_status gpumem_sim_stream_destroy(int device, gpumem_stream stream) {
+/* gpumem_sim_stream_destroy (dead 1) and gpumem_sim_stream_create (dead 0). */
+static gpumem_status sim__stream_set_dead(int device, gpumem_stream stream, int dead) {
   int rc = 0;
   gpumem_status st = GPUMEM_OK;
   if (!stream) return GPUMEM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&g_lock);
   sim_device *d = sim__device(device, &rc);
-  sim_stream *s = d ? sim__stream(d, stream, 1) : NULL;
+  sim_stream *s = d ? sim__stream(d, stream, dead) : NULL; /* (a stream never used needs no record to live) */
   if (!d) {
     st = sim__status_of(rc);
-  } else if (!s) {
-    st = GPUMEM_ERR_OUT_OF_MEMORY;
-  } else if (s->dead) {
-    st = GPUMEM_ERR_INVALID_ARGUMENT;
-  } else if (s->cap_status != GPUMEM_CAPTURE_NONE) {
-    st = GPUMEM_ERR_BUSY;
-  } else {
-    s->dead = 1;
-    __atomic_fetch_add(&g.ndead, 1, __ATOMIC_RELEASE);
-  }
-  pthread_mutex_unlock(&g_lock);
-  return st;
-}
-
-GPUMEM_API gpumem_status gpumem_sim_stream_create(int device, gpumem_stream stream) {
-  int rc = 0;
-  gpumem_status st = GPUMEM_OK;
-  if (!stream) return GPUMEM_ERR_INVALID_ARGUMENT;
-  pthread_mutex_lock(&g_lock);
-  sim_device *d = sim__device(device, &rc);
-  sim_stream *s = d ? sim__stream(d, stream, 0) : NULL;
-  if (!d) {
-    st = sim__status_of(rc);
+  } else if (dead) {
+    if (!s) st = GPUMEM_ERR_OUT_OF_MEMORY;
+    else if (s->dead) st = GPUMEM_ERR_INVALID_ARGUMENT;
+    else if (s->cap_status != GPUMEM_CAPTURE_NONE) st = GPUMEM_ERR_BUSY;
+    else {
+      s->dead = 1;
+      __atomic_fetch_add(&g.ndead, 1, __ATOMIC_RELEASE);
+    }
   } else if (s && s->dead) {
     s->dead = 0;
     s->completed = s->submitted; /* the old stream's work is done (a new stream has none queued) */
@@ -1958,6 +1944,14 @@ GPUMEM_API gpumem_status gpumem_sim_stream_create(int device, gpumem_stream stre
   }
   pthread_mutex_unlock(&g_lock);
   return st;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_destroy(int device, gpumem_stream stream) {
+  return sim__stream_set_dead(device, stream, 1);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_create(int device, gpumem_stream stream) {
+  return sim__stream_set_dead(device, stream, 0);
 }
 
 GPUMEM_API uint64_t gpumem_sim_dead_stream_uses(void) {
