@@ -415,6 +415,8 @@ GPUMEM_API gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int devic
  * \brief Route allocations made on `stream` (and on every stream of the same
  *        capture, while `stream` is being captured) to `pool`, until
  *        gpumem_graph_pool_end(). Several streams may be routed to one pool.
+ * `stream` must exist until gpumem_graph_pool_end(): while it is routed, calls on
+ * other streams of its capture may ask the backend about it.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (NULL pool, or `stream`
  *         already routed to another pool); ::GPUMEM_ERR_OUT_OF_MEMORY (host memory). Thread-safe.
  */

@@ -215,12 +215,17 @@ int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stre
   return gpumem__be_capture_quiet(ctx, device, stream, &id) == GPUMEM_CAPTURE_NONE;
 }
 
-void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream) {
-  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0 || stream == NULL) return; /* (without the lock) */
+/* reap_locked under the lock, then the collection of what it dropped. */
+static void reap(gpumem_context *ctx, int device, gpumem_stream stream, int all) {
+  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return; /* (without the lock) */
   gpumem__mutex_lock(&ctx->lock);
-  int dropped = reap_locked(ctx, device, stream, 0);
+  int dropped = reap_locked(ctx, device, stream, all);
   gpumem__mutex_unlock(&ctx->lock);
   if (dropped > 0) gpumem__graph_collect(ctx, 0);
+}
+
+void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream) {
+  if (stream != NULL) reap(ctx, device, stream, 0);
 }
 
 /* An allocation from gp, announced to the monitoring hooks as every allocation is (its free
@@ -427,11 +432,7 @@ gpumem_status gpumem_capture_ended(gpumem_context *ctx, int device, gpumem_strea
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device >= ctx->ndev || device < (stream == NULL ? GPUMEM_ALL_DEVICES : 0)) return GPUMEM_ERR_INVALID_DEVICE;
-  if (atomic_load_explicit(&ctx->nauto, memory_order_relaxed) == 0) return GPUMEM_OK;
-  gpumem__mutex_lock(&ctx->lock);
-  int dropped = reap_locked(ctx, device, stream, stream == NULL);
-  gpumem__mutex_unlock(&ctx->lock);
-  if (dropped > 0) gpumem__graph_collect(ctx, 0);
+  reap(ctx, device, stream, stream == NULL);
   return GPUMEM_OK;
 }
 
