@@ -137,8 +137,11 @@ def _stream_owner(device: int, ptr: int) -> Any:
     while memory allocated on that stream lives: CuPy destroys a Stream with its object, and a free
     naming a destroyed stream may crash in CUDA); None where it is not that stream."""
     cupy = _import_cupy()
-    with cupy.cuda.Device(device):
+    if cupy.cuda.runtime.getDevice() == device:  # (CuPy allocates on its current device)
         stream = cupy.cuda.get_current_stream()
+    else:
+        with cupy.cuda.Device(device):
+            stream = cupy.cuda.get_current_stream()
     return stream if stream.ptr == ptr else None
 
 
