@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -354,11 +355,29 @@ static void *work(void *arg) {
   return NULL;
 }
 
+/* on_stream across threads: each stream's object taken once per run of its blocks, let go once */
+static atomic_int mt_taken, mt_held;
+static void *mt_call(void *callable, const char *format, ...) {
+  if (callable != &on_stream_token) return NULL; /* (on_error: never called here) */
+  (void)format;
+  atomic_fetch_add(&mt_taken, 1);
+  atomic_fetch_add(&mt_held, 1);
+  return &mt_taken; /* any object */
+}
+static void mt_decref(void *obj) {
+  if (obj == &mt_taken) atomic_fetch_sub(&mt_held, 1);
+}
+
 static void test_threads(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
   gpumem_cupy_allocator a = param_for(ctx);
   a.stream_of = tls_stream_of;
+  a.py_call = mt_call;
+  a.py_decref = mt_decref;
+  a.on_stream = &on_stream_token;
+  atomic_store(&mt_taken, 0);
+  atomic_store(&mt_held, 0);
   pthread_t t[NT];
   worker w[NT];
   for (int i = 0; i < NT; i++) {
@@ -374,6 +393,8 @@ static void test_threads(void **state) {
   }
   assert_int_equal(calls, 0);
   assert_true(tu_stats(ctx, GPUMEM_ALL_DEVICES).num_live == 0);
+  assert_int_equal(atomic_load(&mt_held), 0); /* every stream let go after its last free */
+  if (tu_is_sim()) assert_true(atomic_load(&mt_taken) >= NT);
   if (tu_is_sim()) gpumem_sim_complete_all();
   tu_ctx_done(ctx);
 }
