@@ -67,8 +67,10 @@ static int map_take(uintptr_t key, gpumem_stream *stream) {
   return found;
 }
 
-/* Insert or overwrite; -1 on host out-of-memory (the map is unchanged then). */
-static int map_put(uintptr_t key, gpumem_stream stream) {
+/* Insert or overwrite (*stale: the stream of an entry overwritten, a block a forced destroy left at
+ * that address; else NULL); -1 on host out-of-memory (the map is unchanged then). */
+static int map_put(uintptr_t key, gpumem_stream stream, gpumem_stream *stale) {
+  *stale = NULL;
   pthread_mutex_lock(&cupy_lock);
   size_t n = atomic_load_explicit(&cupy_count, memory_order_relaxed);
   if ((n + 1) * 2 > cupy_cap) {
@@ -85,6 +87,7 @@ static int map_put(uintptr_t key, gpumem_stream stream) {
   size_t mask = cupy_cap - 1;
   size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
   if (cupy_slots[i].key == 0) atomic_fetch_add_explicit(&cupy_count, 1, memory_order_relaxed);
+  else *stale = cupy_slots[i].stream;
   cupy_slots[i].key = key;
   cupy_slots[i].stream = stream;
   pthread_mutex_unlock(&cupy_lock);
@@ -237,16 +240,19 @@ void *gpumem_cupy_malloc(void *param, size_t size, int device) {
     hold_done(a, stream);
     return fail(a, size, device, st);
   }
+  /* an entry left at this address (a block of a context destroyed by force, never freed) goes, and
+   * with it its hold on its stream */
+  gpumem_stream stale = NULL;
   if (stream != NULL) {
-    if (map_put((uintptr_t)p, stream) != 0) {
+    if (map_put((uintptr_t)p, stream, &stale) != 0) {
       (void)gpumem_free(ctx, p, stream);
       hold_done(a, stream);
       return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
     }
   } else {
-    gpumem_stream stale;
     (void)map_take((uintptr_t)p, &stale);
   }
+  if (stale != NULL) hold_done(a, stale);
   return p;
 }
 

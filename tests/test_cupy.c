@@ -300,6 +300,41 @@ static void test_streams_held_while_their_memory_lives(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A block of a context destroyed by force is never freed: a later block at its address (another
+ * context's) drops its entry, and with it the hold on its stream. */
+static void test_stale_entry_lets_its_stream_go(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_cupy_allocator a = param_for(ctx);
+  a.on_stream = &on_stream_token;
+  current_stream = (intptr_t)SA;
+  void *p = gpumem_cupy_malloc(&a, 4 * TU_MiB, 0);
+  assert_non_null(p);
+  assert_int_equal(stream_owner_calls, 1);
+  gpumem_context *keeper = tu_ctx_new(NULL); /* (the sim state, and its addresses, stay) */
+  tu_ctx_forget(ctx);
+  assert_status(gpumem_destroy(ctx, GPUMEM_DESTROY_FORCE), GPUMEM_OK);
+  int found = 0;
+  for (int round = 0; round < 2 && !found; round++) {
+    gpumem_context *c2 = tu_ctx_new(NULL);
+    a.ctx = c2;
+    current_stream = round == 0 ? 0 : (intptr_t)SB; /* the default stream, then another one */
+    void *q[8];
+    int n = 0;
+    for (; n < 8; n++) {
+      q[n] = gpumem_cupy_malloc(&a, 4 * TU_MiB, 0);
+      assert_non_null(q[n]);
+      if (q[n] == p) found = 1;
+    }
+    if (found) assert_int_equal(owner_decrefs, 1); /* SA's owner let go: its block is gone */
+    for (int i = 0; i < n; i++) gpumem_cupy_free(&a, q[i], 0);
+    tu_ctx_done(c2);
+  }
+  tu_ctx_done(keeper);
+  if (!found) skip(); /* (no block of the new contexts fell at the old address) */
+}
+
 /* ctx NULL: the process-wide context, as gpumem_torch_alloc. */
 static void test_process_wide_context(void **state) {
   (void)state;
@@ -406,6 +441,7 @@ int main(void) {
       TU_TEST(test_failures_raise_through_on_error),
       TU_TEST(test_bad_param_block),
       TU_TEST(test_streams_held_while_their_memory_lives),
+      TU_TEST(test_stale_entry_lets_its_stream_go),
       TU_TEST(test_process_wide_context),
       TU_TEST(test_threads),
   };
