@@ -47,6 +47,14 @@ def _closed_error() -> GpumemError:
     )
 
 
+def _stream_object(stream: StreamLike, handle: Optional[int]) -> Any:
+    """The object a stream handle came from (a CuPy or PyTorch stream), which a block keeps alive until
+    it is freed on that stream; None for a raw handle or the default streams (never destroyed)."""
+    if handle is None or handle <= 2 or isinstance(stream, (int, c_void_p)):
+        return None
+    return stream
+
+
 def stream_handle(stream: StreamLike) -> Optional[int]:
     """Turn a stream-like object into a raw handle (None = default stream).
 
@@ -116,7 +124,9 @@ class _State:
                 self.cond.notify_all()
 
 
-def _free_block(state: _State, ptr: int, stream: Optional[int], tag: Optional[bytes], token: object) -> int:
+def _free_block(
+    state: _State, ptr: int, stream: Optional[int], tag: Optional[bytes], token: object, stream_obj: Any = None
+) -> int:
     """Finalizer body of a Buffer: free once, unless the context is closed or the buffer is dead.
     Returns the status.
 
@@ -129,6 +139,9 @@ def _free_block(state: _State, ptr: int, stream: Optional[int], tag: Optional[by
     del tag  # kept alive until now only
     with state.cond:
         entry = state.live.get(ptr)
+        # (stream_obj, the stream object the buffer was allocated with, is held by the finalizer
+        # until the free below has returned: a framework destroys its stream with that object, and
+        # CUDA crashes on a free naming a destroyed stream)
         if entry is None or entry[2] is not token:
             return 0  # marked dead by a reset (or born dead): its block is not its own any more
         del state.live[ptr]
@@ -141,7 +154,7 @@ def _free_block(state: _State, ptr: int, stream: Optional[int], tag: Optional[by
             state.leave()
 
 
-def _end_scope(state: _State, key: int, scope_handle: int) -> int:
+def _end_scope(state: _State, key: int, scope_handle: int, stream_obj: Any = None) -> int:
     """Finalizer body of a Scope: end it once, unless the context is closed (under ``state.cond``,
     as a Buffer's free, so that it never races a reset)."""
     with state.cond:
@@ -531,7 +544,7 @@ class Context:
                 status = capi.lib.gpumem_alloc_tagged(h, device, nbytes, s, tag_b, byref(out))
             _check(status, h)
             ptr = out.value or 0
-            return Buffer._make(self, ptr, nbytes, device, s, tag_b, resets)
+            return Buffer._make(self, ptr, nbytes, device, s, tag_b, resets, _stream_object(stream, s))
         finally:
             state.leave()
 
@@ -677,7 +690,15 @@ class Buffer:
 
     @classmethod
     def _make(
-        cls, ctx: Context, ptr: int, size: int, device: int, stream: Optional[int], tag: Optional[bytes], resets: int
+        cls,
+        ctx: Context,
+        ptr: int,
+        size: int,
+        device: int,
+        stream: Optional[int],
+        tag: Optional[bytes],
+        resets: int,
+        stream_obj: Any = None,
     ) -> "Buffer":
         self = cls.__new__(cls)
         self.ptr, self.size, self.device, self.stream, self.context = ptr, size, device, stream, ctx
@@ -685,7 +706,7 @@ class Buffer:
         if ptr:
             state = ctx._state
             token = object()
-            fin = weakref.finalize(self, _free_block, state, ptr, stream, tag, token)
+            fin = weakref.finalize(self, _free_block, state, ptr, stream, tag, token, stream_obj)
             fin.atexit = False  # the context's own finalizer frees everything at exit
             with state.cond:
                 if state.resets != resets:
@@ -775,7 +796,9 @@ class Scope:
             _check(capi.lib.gpumem_scope_begin(h, self.device, self.stream, byref(out)), h)
             self._handle = int(out.value)
             key = id(self)
-            self._fin = weakref.finalize(self, _end_scope, state, key, self._handle)
+            # (the stream object is held until the scope's frees on it are done, as a Buffer's)
+            keep = _stream_object(stream, self.stream)
+            self._fin = weakref.finalize(self, _end_scope, state, key, self._handle, keep)
             self._fin.atexit = False
             with state.cond:
                 state.scopes[key] = self._fin

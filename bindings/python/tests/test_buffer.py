@@ -117,6 +117,48 @@ def test_stream_forms(sim_ctx, stream, expected):
     assert sim_ctx.stats()["num_live"] == 0
 
 
+def test_stream_object_lives_until_the_free(sim_ctx):
+    """A Buffer (and a Scope) keeps the stream object it was given (a CuPy or PyTorch stream, which
+    destroys its CUDA stream when it goes) until its memory is freed on that stream: a free naming
+    a destroyed stream crashes in CUDA. Raw handles and the default stream hold nothing."""
+    import weakref
+
+    s = _CupyLike(0x3100)
+    ref = weakref.ref(s)
+    buf = sim_ctx.alloc(4 * MiB, stream=s)
+    del s
+    gc.collect()
+    assert ref() is not None and buf.stream == 0x3100
+    buf.free()
+    gc.collect()
+    assert ref() is None
+    t = _TorchLike(0x3200)
+    ref = weakref.ref(t)
+    buf = sim_ctx.alloc(4 * MiB, stream=t)
+    del t, buf  # collected: freed on its stream, then the stream object goes
+    gc.collect()
+    assert ref() is None and sim_ctx.stats()["num_live"] == 0
+    u = _CupyLike(0x3300)
+    ref = weakref.ref(u)
+    sc = sim_ctx.scope(stream=u)
+    sc.alloc(4 * MiB)
+    del u
+    gc.collect()
+    assert ref() is not None
+    sc.end()
+    del sc
+    gc.collect()
+    assert ref() is None and sim_ctx.stats()["num_live"] == 0
+    for handle in (0, 2):  # the default streams, never destroyed: not held
+        default = _CupyLike(handle)
+        ref = weakref.ref(default)
+        buf = sim_ctx.alloc(256, stream=default)
+        del default
+        gc.collect()
+        assert ref() is None
+        buf.free()
+
+
 def test_bad_streams(ctx):
     with pytest.raises(TypeError):
         ctx.alloc(16, stream="default")
