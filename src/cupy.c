@@ -30,6 +30,7 @@
 typedef struct cupy_slot {
   uintptr_t key; /* 0 = empty */
   gpumem_stream stream;
+  int held; /* the block counts in its stream's hold (below) */
 } cupy_slot;
 
 static pthread_mutex_t cupy_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -47,30 +48,33 @@ static size_t cupy_hash(uintptr_t k, size_t mask) {
   return (size_t)x & mask;
 }
 
-/* Remove ptr's entry (under the lock); returns 1 and its stream when there was one. */
-static int map_take_locked(uintptr_t key, gpumem_stream *stream) {
+/* Remove ptr's entry (under the lock); returns 1 and its stream (and whether it is held) when there was
+ * one. */
+static int map_take_locked(uintptr_t key, gpumem_stream *stream, int *held) {
   if (cupy_cap == 0) return 0;
   size_t mask = cupy_cap - 1;
   size_t i = gpumem__ht_find(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
   if (i == SIZE_MAX) return 0;
   *stream = cupy_slots[i].stream;
+  *held = cupy_slots[i].held;
   gpumem__ht_delete(cupy_slots, sizeof *cupy_slots, mask, i, cupy_key, cupy_hash);
   atomic_fetch_sub_explicit(&cupy_count, 1, memory_order_relaxed);
   return 1;
 }
 
-static int map_take(uintptr_t key, gpumem_stream *stream) {
+static int map_take(uintptr_t key, gpumem_stream *stream, int *held) {
   if (atomic_load_explicit(&cupy_count, memory_order_relaxed) == 0) return 0;
   pthread_mutex_lock(&cupy_lock);
-  int found = map_take_locked(key, stream);
+  int found = map_take_locked(key, stream, held);
   pthread_mutex_unlock(&cupy_lock);
   return found;
 }
 
-/* Insert or overwrite (*stale: the stream of an entry overwritten, a block a forced destroy left at
- * that address; else NULL); -1 on host out-of-memory (the map is unchanged then). */
-static int map_put(uintptr_t key, gpumem_stream stream, gpumem_stream *stale) {
+/* Insert or overwrite (*stale, *stale_held: the entry overwritten, a block a forced destroy left at
+ * that address; else NULL, 0); -1 on host out-of-memory (the map is unchanged then). */
+static int map_put(uintptr_t key, gpumem_stream stream, int held, gpumem_stream *stale, int *stale_held) {
   *stale = NULL;
+  *stale_held = 0;
   pthread_mutex_lock(&cupy_lock);
   size_t n = atomic_load_explicit(&cupy_count, memory_order_relaxed);
   if ((n + 1) * 2 > cupy_cap) {
@@ -87,9 +91,13 @@ static int map_put(uintptr_t key, gpumem_stream stream, gpumem_stream *stale) {
   size_t mask = cupy_cap - 1;
   size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
   if (cupy_slots[i].key == 0) atomic_fetch_add_explicit(&cupy_count, 1, memory_order_relaxed);
-  else *stale = cupy_slots[i].stream;
+  else {
+    *stale = cupy_slots[i].stream;
+    *stale_held = cupy_slots[i].held;
+  }
   cupy_slots[i].key = key;
   cupy_slots[i].stream = stream;
+  cupy_slots[i].held = held;
   pthread_mutex_unlock(&cupy_lock);
   return 0;
 }
@@ -160,15 +168,15 @@ static int holds_streams(const gpumem_cupy_allocator *a) {
   return a->struct_size >= sizeof *a && a->on_stream != NULL && a->py_call != NULL && a->py_decref != NULL;
 }
 
-/* Before an allocation on s: s held for one more block. 0; -1 when on_stream raised (its exception
- * pending); -2 when no host memory is left (nothing held then). Called with the GIL (CuPy allocates
- * holding it). */
+/* Before an allocation on s: 1 when s is held for one more block, 0 when s needs no hold (a default
+ * stream, or no on_stream); -1 when on_stream raised (its exception pending); -2 when no host memory
+ * is left (nothing held then). Called with the GIL (CuPy allocates holding it). */
 static int hold_for(const gpumem_cupy_allocator *a, int device, gpumem_stream s) {
   if (stream_lasts(s) || !holds_streams(a)) return 0;
   pthread_mutex_lock(&cupy_lock);
   int held = hold_more_locked((uintptr_t)s);
   pthread_mutex_unlock(&cupy_lock);
-  if (held) return 0;
+  if (held) return 1;
   /* the first block on s: the object owning it, asked for without the lock (Python code runs) */
   void *obj = a->py_call(a->on_stream, "in", device, (ptrdiff_t)(intptr_t)s);
   if (obj == NULL) return -1;
@@ -177,20 +185,19 @@ static int hold_for(const gpumem_cupy_allocator *a, int device, gpumem_stream s)
   if (hold_more_locked((uintptr_t)s)) {
     pthread_mutex_unlock(&cupy_lock); /* another thread held it meanwhile: ours goes */
     a->py_decref(obj);
-    return 0;
+    return 1;
   }
   rc = hold_add_locked((uintptr_t)s, obj);
   pthread_mutex_unlock(&cupy_lock);
   if (rc != 0) a->py_decref(obj);
-  return rc != 0 ? -2 : 0;
+  return rc != 0 ? -2 : 1;
 }
 
-/* After the free of a block on s (or a failed allocation): the hold's count lowered, the object
- * let go after the last block. */
+/* After the free of a block counted in s's hold (or a failed allocation that took it): the count
+ * lowered, the object let go after the last block. */
 static void hold_done(const gpumem_cupy_allocator *a, gpumem_stream s) {
-  if (stream_lasts(s) || !holds_streams(a)) return;
   void *obj = hold_less((uintptr_t)s);
-  if (obj != NULL) a->py_decref(obj); /* may destroy the stream: after its last free */
+  if (obj != NULL && a->py_decref != NULL) a->py_decref(obj); /* may destroy the stream: after its last free */
 }
 
 static const gpumem_cupy_allocator *param_of(void *param) {
@@ -234,25 +241,26 @@ void *gpumem_cupy_malloc(void *param, size_t size, int device) {
   void *p = NULL;
   int held = hold_for(a, device, stream);
   if (held == -1) return NULL; /* on_stream has raised */
-  if (held != 0) return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
+  if (held < 0) return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
   st = gpumem_alloc(ctx, device, size, stream, &p);
   if (st != GPUMEM_OK) {
-    hold_done(a, stream);
+    if (held) hold_done(a, stream);
     return fail(a, size, device, st);
   }
   /* an entry left at this address (a block of a context destroyed by force, never freed) goes, and
-   * with it its hold on its stream */
+   * with it its part in its stream's hold */
   gpumem_stream stale = NULL;
+  int stale_held = 0;
   if (stream != NULL) {
-    if (map_put((uintptr_t)p, stream, &stale) != 0) {
+    if (map_put((uintptr_t)p, stream, held, &stale, &stale_held) != 0) {
       (void)gpumem_free(ctx, p, stream);
-      hold_done(a, stream);
+      if (held) hold_done(a, stream);
       return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
     }
   } else {
-    (void)map_take((uintptr_t)p, &stale);
+    (void)map_take((uintptr_t)p, &stale, &stale_held);
   }
-  if (stale != NULL) hold_done(a, stale);
+  if (stale_held) hold_done(a, stale);
   return p;
 }
 
@@ -261,9 +269,9 @@ void gpumem_cupy_free(void *param, void *ptr, int device) {
   const gpumem_cupy_allocator *a = param_of(param);
   if (a == NULL || ptr == NULL) return;
   gpumem_stream stream = NULL;
-  (void)map_take((uintptr_t)ptr, &stream);
+  int held = 0;
+  (void)map_take((uintptr_t)ptr, &stream, &held);
   gpumem_context *ctx = a->ctx != NULL ? a->ctx : gpumem__global_context_if_created();
-  if (ctx == NULL) return; /* nothing was ever allocated through the process-wide context */
-  (void)gpumem_free(ctx, ptr, stream);
-  hold_done(a, stream);
+  if (ctx != NULL) (void)gpumem_free(ctx, ptr, stream); /* (NULL: nothing was ever allocated through it) */
+  if (held) hold_done(a, stream);
 }
