@@ -465,12 +465,14 @@ GPUMEM_API gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *pool);
 
 /**
  * \brief Release the pools made for captures nobody routed (see ::gpumem_graph_pool)
- *        whose capture has ended: their memory goes back to the device as their blocks
- *        are freed (what is free now, at once; the rest at the next gpumem_trim() after its free).
+ *        whose capture the library knows has ended: their memory goes back to the device
+ *        as their blocks are freed (what is free now, at once; the rest at the next
+ *        gpumem_trim() after its free).
  *
  * Call it when the graphs captured that way are destroyed: until then a graph may be
  * launched and writes its pool's memory, the blocks freed during the capture included.
- * A capture still under way keeps its pool.
+ * A capture the library still knows of (under way, or ended without a call on its
+ * stream since: see gpumem_capture_ended()) keeps its pool.
  * \param ctx    context.
  * \param device a device or ::GPUMEM_ALL_DEVICES.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT (ctx NULL); ::GPUMEM_ERR_INVALID_DEVICE.

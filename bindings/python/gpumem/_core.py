@@ -589,7 +589,8 @@ class Context:
         Until then such a graph may be launched, and it writes its pool's memory (the
         temporaries freed during the capture too), so the pool stays after the capture
         ends. Its memory goes back as its blocks are freed (what is free now at once).
-        A capture still under way keeps its pool.
+        A capture the library still knows of (under way, or ended with no call on its stream
+        since: see :meth:`capture_ended`) keeps its pool.
         """
         self._call(capi.lib.gpumem_capture_pools_release, _device(device, True))
 
