@@ -178,8 +178,11 @@ typedef void (*gpumem_backend_annotate_free_fn)(gpumem_backend *be, int device, 
  *
  * Must be legal during any capture in any mode, from any thread, and must not
  * invalidate one (see the rules in this file's description). Called from any
- * thread, possibly concurrently; no lock of the core is held. NULL: the
- * backend has no capture (the core treats every stream as not capturing).
+ * thread, possibly concurrently; no lock of the core is held. The core asks
+ * only about the NULL stream and the streams the current call passes (and a
+ * stream routed by gpumem_graph_pool_begin() until its route ends): a CUDA
+ * query of a destroyed stream crashes. NULL: the backend has no capture (the
+ * core treats every stream as not capturing).
  * Returns 0, or a backend code for a bad device or stream.
  */
 typedef int (*gpumem_backend_stream_capture_fn)(gpumem_backend *be, int device, gpumem_stream stream, int *status,

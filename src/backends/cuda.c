@@ -411,8 +411,10 @@ typedef enum cudaStreamCaptureStatus GB_capture_status_t;
  * core's capture probe), so it goes to the driver when it can: cuStreamGetCaptureInfo costs about
  * 18 ns on an H100 against the runtime's cudaStreamGetCaptureInfo at 46 (tools/capture_cost.cu).
  * The two enums have the same values. Any driver error (no context current for a handle that
- * needs one, a destroyed stream, an implicit capture of the legacy stream) is asked again of the
- * runtime, whose answer and error codes are the backend's contract.
+ * needs one, an implicit capture of the legacy stream) is asked again of the runtime, whose
+ * answer and error codes are the backend's contract. A destroyed stream gives no error: both
+ * calls read freed memory and crash (tools/dead_stream.cu), so the core asks only about the
+ * streams its caller passes in the call.
  */
 static int gb_rt_capture_info(cudaStream_t s, enum cudaStreamCaptureStatus *st, unsigned long long *id) {
   cudaError_t e;
