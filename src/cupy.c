@@ -30,7 +30,7 @@
 typedef struct cupy_slot {
   uintptr_t key; /* 0 = empty */
   gpumem_stream stream;
-  int held; /* the block counts in its stream's hold (below) */
+  int held; /* the block counts in its stream's hold (the hold table, next) */
 } cupy_slot;
 
 static pthread_mutex_t cupy_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -46,60 +46,6 @@ static size_t cupy_hash(uintptr_t k, size_t mask) {
   x *= 0xff51afd7ed558ccdULL;
   x ^= x >> 33;
   return (size_t)x & mask;
-}
-
-/* Remove ptr's entry (under the lock); returns 1 and its stream (and whether it is held) when there was
- * one. */
-static int map_take_locked(uintptr_t key, gpumem_stream *stream, int *held) {
-  if (cupy_cap == 0) return 0;
-  size_t mask = cupy_cap - 1;
-  size_t i = gpumem__ht_find(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
-  if (i == SIZE_MAX) return 0;
-  *stream = cupy_slots[i].stream;
-  *held = cupy_slots[i].held;
-  gpumem__ht_delete(cupy_slots, sizeof *cupy_slots, mask, i, cupy_key, cupy_hash);
-  atomic_fetch_sub_explicit(&cupy_count, 1, memory_order_relaxed);
-  return 1;
-}
-
-static int map_take(uintptr_t key, gpumem_stream *stream, int *held) {
-  if (atomic_load_explicit(&cupy_count, memory_order_relaxed) == 0) return 0;
-  pthread_mutex_lock(&cupy_lock);
-  int found = map_take_locked(key, stream, held);
-  pthread_mutex_unlock(&cupy_lock);
-  return found;
-}
-
-/* Insert or overwrite (*stale, *stale_held: the entry overwritten, a block a forced destroy left at
- * that address; else NULL, 0); -1 on host out-of-memory (the map is unchanged then). */
-static int map_put(uintptr_t key, gpumem_stream stream, int held, gpumem_stream *stale, int *stale_held) {
-  *stale = NULL;
-  *stale_held = 0;
-  pthread_mutex_lock(&cupy_lock);
-  size_t n = atomic_load_explicit(&cupy_count, memory_order_relaxed);
-  if ((n + 1) * 2 > cupy_cap) {
-    size_t ncap = cupy_cap ? cupy_cap * 2 : 256;
-    cupy_slot *ns = gpumem__ht_grown(cupy_slots, cupy_cap, ncap, sizeof *ns, cupy_key, cupy_hash);
-    if (ns == NULL) {
-      pthread_mutex_unlock(&cupy_lock);
-      return -1;
-    }
-    free(cupy_slots);
-    cupy_slots = ns;
-    cupy_cap = ncap;
-  }
-  size_t mask = cupy_cap - 1;
-  size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
-  if (cupy_slots[i].key == 0) atomic_fetch_add_explicit(&cupy_count, 1, memory_order_relaxed);
-  else {
-    *stale = cupy_slots[i].stream;
-    *stale_held = cupy_slots[i].held;
-  }
-  cupy_slots[i].key = key;
-  cupy_slots[i].stream = stream;
-  cupy_slots[i].held = held;
-  pthread_mutex_unlock(&cupy_lock);
-  return 0;
 }
 
 /* ---- streams held while memory allocated on them lives ---- */
@@ -147,21 +93,66 @@ static int hold_add_locked(uintptr_t s, void *obj) {
   return 0;
 }
 
-/* One block fewer on s: the object to let go when it was the last, else NULL. */
-static void *hold_less(uintptr_t s) {
-  void *obj = NULL;
-  pthread_mutex_lock(&cupy_lock);
-  if (hold_cap != 0) {
-    size_t mask = hold_cap - 1;
-    size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
-    if (i != SIZE_MAX && --hold_slots[i].n == 0) {
-      obj = hold_slots[i].obj;
-      gpumem__ht_delete(hold_slots, sizeof *hold_slots, mask, i, hold_key, cupy_hash);
-      hold_count--;
-    }
-  }
-  pthread_mutex_unlock(&cupy_lock);
+/* One block fewer on s: the object to let go when it was the last, else NULL. Lock held. */
+static void *hold_less_locked(uintptr_t s) {
+  if (hold_cap == 0) return NULL;
+  size_t mask = hold_cap - 1;
+  size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
+  if (i == SIZE_MAX || --hold_slots[i].n != 0) return NULL;
+  void *obj = hold_slots[i].obj;
+  gpumem__ht_delete(hold_slots, sizeof *hold_slots, mask, i, hold_key, cupy_hash);
+  hold_count--;
   return obj;
+}
+
+/* Remove ptr's entry (under the lock); returns 1 and its stream when there was one, and in *gone the
+ * stream's object to let go when the block was the last of its stream's hold (else NULL). */
+static int map_take_locked(uintptr_t key, gpumem_stream *stream, void **gone) {
+  if (cupy_cap == 0) return 0;
+  size_t mask = cupy_cap - 1;
+  size_t i = gpumem__ht_find(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
+  if (i == SIZE_MAX) return 0;
+  *stream = cupy_slots[i].stream;
+  if (cupy_slots[i].held) *gone = hold_less_locked((uintptr_t)cupy_slots[i].stream);
+  gpumem__ht_delete(cupy_slots, sizeof *cupy_slots, mask, i, cupy_key, cupy_hash);
+  atomic_fetch_sub_explicit(&cupy_count, 1, memory_order_relaxed);
+  return 1;
+}
+
+static int map_take(uintptr_t key, gpumem_stream *stream, void **gone) {
+  if (atomic_load_explicit(&cupy_count, memory_order_relaxed) == 0) return 0;
+  pthread_mutex_lock(&cupy_lock);
+  int found = map_take_locked(key, stream, gone);
+  pthread_mutex_unlock(&cupy_lock);
+  return found;
+}
+
+/* Insert or overwrite; an entry overwritten (a block a forced destroy left at that address) leaves its
+ * stream's hold, and *gone is the object to let go if that was the hold's last block. -1 on host
+ * out-of-memory (the map is unchanged then). */
+static int map_put(uintptr_t key, gpumem_stream stream, int held, void **gone) {
+  pthread_mutex_lock(&cupy_lock);
+  size_t n = atomic_load_explicit(&cupy_count, memory_order_relaxed);
+  if ((n + 1) * 2 > cupy_cap) {
+    size_t ncap = cupy_cap ? cupy_cap * 2 : 256;
+    cupy_slot *ns = gpumem__ht_grown(cupy_slots, cupy_cap, ncap, sizeof *ns, cupy_key, cupy_hash);
+    if (ns == NULL) {
+      pthread_mutex_unlock(&cupy_lock);
+      return -1;
+    }
+    free(cupy_slots);
+    cupy_slots = ns;
+    cupy_cap = ncap;
+  }
+  size_t mask = cupy_cap - 1;
+  size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);
+  if (cupy_slots[i].key == 0) atomic_fetch_add_explicit(&cupy_count, 1, memory_order_relaxed);
+  else if (cupy_slots[i].held) *gone = hold_less_locked((uintptr_t)cupy_slots[i].stream);
+  cupy_slots[i].key = key;
+  cupy_slots[i].stream = stream;
+  cupy_slots[i].held = held;
+  pthread_mutex_unlock(&cupy_lock);
+  return 0;
 }
 
 static int holds_streams(const gpumem_cupy_allocator *a) {
@@ -193,11 +184,18 @@ static int hold_for(const gpumem_cupy_allocator *a, int device, gpumem_stream s)
   return rc != 0 ? -2 : 1;
 }
 
-/* After the free of a block counted in s's hold (or a failed allocation that took it): the count
- * lowered, the object let go after the last block. */
+/* Let go of a stream's object (from a hold's last block), after that block's free: it may destroy the
+ * stream. */
+static void let_go(const gpumem_cupy_allocator *a, void *obj) {
+  if (obj != NULL && a->py_decref != NULL) a->py_decref(obj);
+}
+
+/* A failed allocation that took s's hold for one block gives it back. */
 static void hold_done(const gpumem_cupy_allocator *a, gpumem_stream s) {
-  void *obj = hold_less((uintptr_t)s);
-  if (obj != NULL && a->py_decref != NULL) a->py_decref(obj); /* may destroy the stream: after its last free */
+  pthread_mutex_lock(&cupy_lock);
+  void *obj = hold_less_locked((uintptr_t)s);
+  pthread_mutex_unlock(&cupy_lock);
+  let_go(a, obj);
 }
 
 static const gpumem_cupy_allocator *param_of(void *param) {
@@ -249,18 +247,18 @@ void *gpumem_cupy_malloc(void *param, size_t size, int device) {
   }
   /* an entry left at this address (a block of a context destroyed by force, never freed) goes, and
    * with it its part in its stream's hold */
-  gpumem_stream stale = NULL;
-  int stale_held = 0;
+  void *gone = NULL;
+  gpumem_stream stale;
   if (stream != NULL) {
-    if (map_put((uintptr_t)p, stream, held, &stale, &stale_held) != 0) {
+    if (map_put((uintptr_t)p, stream, held, &gone) != 0) {
       (void)gpumem_free(ctx, p, stream);
       if (held) hold_done(a, stream);
       return fail(a, size, device, GPUMEM_ERR_OUT_OF_MEMORY);
     }
   } else {
-    (void)map_take((uintptr_t)p, &stale, &stale_held);
+    (void)map_take((uintptr_t)p, &stale, &gone);
   }
-  if (stale_held) hold_done(a, stale);
+  let_go(a, gone);
   return p;
 }
 
@@ -269,9 +267,9 @@ void gpumem_cupy_free(void *param, void *ptr, int device) {
   const gpumem_cupy_allocator *a = param_of(param);
   if (a == NULL || ptr == NULL) return;
   gpumem_stream stream = NULL;
-  int held = 0;
-  (void)map_take((uintptr_t)ptr, &stream, &held);
+  void *gone = NULL; /* the stream's object, let go after the free on it */
+  (void)map_take((uintptr_t)ptr, &stream, &gone);
   gpumem_context *ctx = a->ctx != NULL ? a->ctx : gpumem__global_context_if_created();
   if (ctx != NULL) (void)gpumem_free(ctx, ptr, stream); /* (NULL: nothing was ever allocated through it) */
-  if (held) hold_done(a, stream);
+  let_go(a, gone);
 }
