@@ -229,20 +229,17 @@ def _python_allocator(cupy: Any, ctx: Context) -> Callable[[int], Any]:
 
     def gpumem_cupy_alloc(nbytes: int) -> Any:
         device = cupy.cuda.runtime.getDevice()
-        current = cupy.cuda.get_current_stream()
-        stream = current.ptr
         try:
-            buf = ctx.alloc(nbytes, device=device, stream=stream)
+            # given the Stream object, the Buffer keeps it until its free on that stream (CuPy destroys
+            # the stream with the object; the default streams, never destroyed, are not kept)
+            buf = ctx.alloc(nbytes, device=device, stream=cupy.cuda.get_current_stream())
         except (errors.OutOfMemoryError, errors.LimitExceededError) as e:
             try:
                 total = ctx.stats(device)["allocated_bytes"]
             except errors.GpumemError:
                 total = 0
             raise out_of_memory_error()(nbytes, total, e.status, e.name, e.message) from e
-        # the buffer is freed on its stream: the Stream object (CuPy destroys the stream with it)
-        # lives as long as the memory, except the default streams, which are never destroyed
-        owner = buf if stream <= 2 else (buf, current)
-        mem = cupy.cuda.UnownedMemory(buf.ptr, nbytes, owner, device)
+        mem = cupy.cuda.UnownedMemory(buf.ptr, nbytes, buf, device)
         return cupy.cuda.MemoryPointer(mem, 0)
 
     return gpumem_cupy_alloc
