@@ -77,12 +77,9 @@ static int hold_more_locked(uintptr_t s) {
 /* Hold obj for s with one block; -1 on host out-of-memory. Lock held; s not held. */
 static int hold_add_locked(uintptr_t s, void *obj) {
   if ((hold_count + 1) * 2 > hold_cap) {
-    size_t ncap = hold_cap ? hold_cap * 2 : 16;
-    hold_slot *ns = gpumem__ht_grown(hold_slots, hold_cap, ncap, sizeof *ns, hold_key, cupy_hash);
+    hold_slot *ns = gpumem__ht_doubled(hold_slots, &hold_cap, 16, sizeof *ns, hold_key, cupy_hash);
     if (ns == NULL) return -1;
-    free(hold_slots);
     hold_slots = ns;
-    hold_cap = ncap;
   }
   size_t mask = hold_cap - 1;
   size_t i = gpumem__ht_slot_for(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
@@ -134,15 +131,12 @@ static int map_put(uintptr_t key, gpumem_stream stream, int held, void **gone) {
   pthread_mutex_lock(&cupy_lock);
   size_t n = atomic_load_explicit(&cupy_count, memory_order_relaxed);
   if ((n + 1) * 2 > cupy_cap) {
-    size_t ncap = cupy_cap ? cupy_cap * 2 : 256;
-    cupy_slot *ns = gpumem__ht_grown(cupy_slots, cupy_cap, ncap, sizeof *ns, cupy_key, cupy_hash);
+    cupy_slot *ns = gpumem__ht_doubled(cupy_slots, &cupy_cap, 256, sizeof *ns, cupy_key, cupy_hash);
     if (ns == NULL) {
       pthread_mutex_unlock(&cupy_lock);
       return -1;
     }
-    free(cupy_slots);
     cupy_slots = ns;
-    cupy_cap = ncap;
   }
   size_t mask = cupy_cap - 1;
   size_t i = gpumem__ht_slot_for(cupy_slots, sizeof *cupy_slots, mask, cupy_hash(key, mask), key, cupy_key);

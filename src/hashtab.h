@@ -1,10 +1,11 @@
 /*
  * hashtab.h: linear-probing open addressing over a caller's array, the pieces every table of
- * the core shares (the pointer index ptrmap.c, the trace's live map trace.c).
+ * the core shares (the pointer index ptrmap.c, the trace's live map trace.c, the CuPy maps cupy.c).
  *
  * The caller owns the array (cap slots of esize bytes, cap a power of two, mask = cap - 1),
- * its load (at most 1/2, so that a probe always meets an empty slot) and its growth. A slot is
- * empty when its key is 0, and an all-zero slot is empty. Two functions describe the table:
+ * its load (at most 1/2, so that a probe always meets an empty slot) and when it grows
+ * (gpumem__ht_doubled). A slot is empty when its key is 0, and an all-zero slot is empty. Two
+ * functions describe the table:
  *   key(slot)        the slot's key, 0 when empty
  *   home(key, mask)  the slot the key's probe starts at
  * Deletion is by backward shift, so probe chains stay intact without tombstones.
@@ -88,6 +89,19 @@ static inline void *gpumem__ht_grown(const void *old, size_t ocap, size_t ncap, 
                                      gpumem__ht_home_fn homef) {
   void *ns = calloc(ncap, esize);
   if (ns != NULL) gpumem__ht_rehash(ns, ncap - 1, old, ocap, esize, keyf, homef);
+  return ns;
+}
+
+/** Double the table (to `first` slots when it has none): a new array holding old's slots, old freed
+ *  and *cap updated; NULL on host out-of-memory, with old and *cap unchanged. */
+static inline void *gpumem__ht_doubled(void *old, size_t *cap, size_t first, size_t esize, gpumem__ht_key_fn keyf,
+                                       gpumem__ht_home_fn homef) {
+  const size_t ncap = *cap ? *cap * 2 : first;
+  void *ns = gpumem__ht_grown(old, *cap, ncap, esize, keyf, homef);
+  if (ns != NULL) {
+    free(old);
+    *cap = ncap;
+  }
   return ns;
 }
 

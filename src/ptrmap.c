@@ -48,13 +48,10 @@ void gpumem__ptrmap_destroy(gpumem__ptrmap *m) {
 }
 
 static int grow(gpumem__ptrmap_shard *s) {
-  size_t ncap = s->cap ? s->cap * 2 : 64;
-  gpumem__ptrmap_entry *ns =
-      gpumem__ht_grown(s->slots, s->cap, ncap, sizeof *ns, gpumem__ptrmap_entry_key, gpumem__ptrmap_key_home);
+  gpumem__ptrmap_entry *ns = gpumem__ht_doubled(s->slots, &s->cap, 64, sizeof *ns, gpumem__ptrmap_entry_key,
+                                                gpumem__ptrmap_key_home);
   if (ns == NULL) return -1;
-  free(s->slots);
   s->slots = ns;
-  s->cap = ncap;
   return 0;
 }
 

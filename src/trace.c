@@ -118,12 +118,9 @@ static size_t slot_hash(uintptr_t k, size_t mask) {
 static uintptr_t slot_key(const void *slot) { return ((const trace_slot *)slot)->key; }
 
 static int map_grow(struct gpumem__trace *t) {
-  size_t ncap = t->cap ? t->cap * 2 : 1024;
-  trace_slot *ns = gpumem__ht_grown(t->slots, t->cap, ncap, sizeof *ns, slot_key, slot_hash);
+  trace_slot *ns = gpumem__ht_doubled(t->slots, &t->cap, 1024, sizeof *ns, slot_key, slot_hash);
   if (ns == NULL) return -1;
-  free(t->slots);
   t->slots = ns;
-  t->cap = ncap;
   return 0;
 }
 
