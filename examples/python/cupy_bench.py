@@ -11,7 +11,11 @@ per iteration; rounds of the allocators alternate, and the median of
   gpumem         gpumem.cupy.allocator(): CFunctionAllocator over gpumem_cupy_malloc/free
   gpumem-python  the Python allocator gpumem.cupy falls back to (a Buffer per allocation), for reference
 
-    python3 examples/python/cupy_bench.py [--iters 20000] [--rounds 7] [--json OUT.json]
+With ``--stream`` every round runs on a non-blocking ``cupy.cuda.Stream`` made for
+the run (``with stream:``), the path where gpumem.cupy keeps the Stream object while
+its memory lives; without it, on CuPy's default (NULL) stream.
+
+    python3 examples/python/cupy_bench.py [--iters 20000] [--rounds 7] [--stream] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--stream", action="store_true", help="allocate on a non-default CuPy stream")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
 
@@ -45,17 +50,19 @@ def main() -> int:
         "gpumem-python": gcupy._python_allocator(cp, ctx),
     }
     c_path = gcupy.c_allocator_available()
+    stream = cp.cuda.Stream(non_blocking=True) if args.stream else cp.cuda.Stream.null
 
     def one_round(alloc, n: int, iters: int) -> float:
         cp.cuda.set_allocator(alloc)
         empty, u8 = cp.empty, cp.uint8
-        a = empty(n, dtype=u8)  # warm: the first block of this size is made outside the timing
-        del a
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            a = empty(n, dtype=u8)
+        with stream:
+            a = empty(n, dtype=u8)  # warm: the first block of this size is made outside the timing
             del a
-        return (time.perf_counter() - t0) / iters * 1e6
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                a = empty(n, dtype=u8)
+                del a
+            return (time.perf_counter() - t0) / iters * 1e6
 
     results = {}
     for label, n in SIZES:
@@ -69,12 +76,14 @@ def main() -> int:
         results[label]["runs"] = runs
     cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
     cp.cuda.Device().synchronize()
+    where = "a non-default stream" if args.stream else "the default stream"
 
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     print("device %s, CuPy %s, gpumem %s (%s), C allocator path: %s" % (
         dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"], cp.__version__,
         gpumem.__version__, gpumem.capi.library_path, "yes" if c_path else "NO (Python fallback)"))
-    print("cupy.empty(n, uint8) + del, us per iteration: median of %d rounds of %d" % (args.rounds, args.iters))
+    print("cupy.empty(n, uint8) + del on %s, us per iteration: median of %d rounds of %d" % (
+        where, args.rounds, args.iters))
     print("%-8s %12s %12s %14s %12s" % ("size", "cupy-pool", "gpumem", "gpumem-python", "gpumem/pool"))
     for label, _ in SIZES:
         r = results[label]
@@ -82,7 +91,8 @@ def main() -> int:
                                                     r["gpumem"] / r["cupy-pool"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"iters": args.iters, "rounds": args.rounds, "c_path": c_path, "results": results}, f, indent=1)
+            json.dump({"iters": args.iters, "rounds": args.rounds, "stream": bool(args.stream), "c_path": c_path,
+                       "results": results}, f, indent=1)
     return 0
 
 
