@@ -65,7 +65,9 @@ def test_c_entry_points_allocate_on_the_stream_and_raise_python_errors(monkeypat
         return o
 
     monkeypatch.setattr(gcupy, "_stream_owner", stream_owner)
-    with gpumem.Context(backend="sim", limit_bytes=64 * MiB) as ctx:
+    # the sim whatever GPUMEM_BACKEND says: the stand-in streams (0xA0) are no real device's streams,
+    # and a CUDA call naming one reads memory that is not a stream
+    with gpumem.Context(backend="sim", limit_bytes=64 * MiB, flags=gpumem.CONFIG_NO_ENV) as ctx:
         owner = gcupy._CAllocator(ctx, ctypes.cast(stream_cb, ctypes.c_void_p).value)
         param = ctypes.addressof(owner.param)
         p = malloc(param, 4096, 0)
@@ -83,7 +85,7 @@ def test_c_entry_points_allocate_on_the_stream_and_raise_python_errors(monkeypat
         free(param, malloc(param, 4096, 0), 0)
         assert len(held) == 1
         current["stream"] = 0xA0
-        with gpumem.Context(backend="sim") as other:  # a pointer of another context: ignored
+        with gpumem.Context(backend="sim", flags=gpumem.CONFIG_NO_ENV) as other:  # another context's pointer: ignored
             q = other.alloc(256)
             free(param, q.ptr, 0)
             assert ctx.stats()["num_frees"] == 3
@@ -261,7 +263,7 @@ def test_cupys_stream_function_is_found_through_its_capsule(monkeypatch):
     assert addr == ctypes.cast(fn, ctypes.c_void_p).value
     malloc, free = _entry_points()
     monkeypatch.setattr(gcupy, "_stream_owner", lambda device, ptr: None)  # (no CuPy: nothing to hold)
-    with gpumem.Context(backend="sim") as ctx:
+    with gpumem.Context(backend="sim", flags=gpumem.CONFIG_NO_ENV) as ctx:  # stand-in streams: the sim only
         owner = gcupy._CAllocator(ctx, addr)
         p = malloc(ctypes.addressof(owner.param), 4096, 0)
         assert p and seen == [0]
