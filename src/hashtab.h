@@ -71,37 +71,22 @@ static inline void gpumem__ht_delete(void *slots, size_t esize, size_t mask, siz
   memset(GPUMEM__HT_SLOT(slots, esize, i), 0, esize);
 }
 
-/** Move the occupied slots of an old array (ocap slots) into a new, all-zero one of mask + 1 slots. */
-static inline void gpumem__ht_rehash(void *nslots, size_t mask, const void *oslots, size_t ocap, size_t esize,
-                                     gpumem__ht_key_fn keyf, gpumem__ht_home_fn homef) {
-  for (size_t i = 0; i < ocap; i++) {
-    const void *s = (const char *)oslots + i * esize;
-    uintptr_t k = keyf(s);
-    if (k == 0) continue;
-    size_t j = gpumem__ht_slot_for(nslots, esize, mask, homef(k, mask), k, keyf);
-    memcpy(GPUMEM__HT_SLOT(nslots, esize, j), s, esize);
-  }
-}
-
-/** A new array of ncap slots (a power of two) holding the occupied slots of old (ocap slots), or NULL on host
- *  out-of-memory. The caller frees old and keeps the new one. */
-static inline void *gpumem__ht_grown(const void *old, size_t ocap, size_t ncap, size_t esize, gpumem__ht_key_fn keyf,
-                                     gpumem__ht_home_fn homef) {
-  void *ns = calloc(ncap, esize);
-  if (ns != NULL) gpumem__ht_rehash(ns, ncap - 1, old, ocap, esize, keyf, homef);
-  return ns;
-}
-
-/** Double the table (to `first` slots when it has none): a new array holding old's slots, old freed
- *  and *cap updated; NULL on host out-of-memory, with old and *cap unchanged. */
+/** Double the table (to `first` slots when it has none): a new all-zero array with old's occupied slots
+ *  rehashed into it, old freed and *cap updated; NULL on host out-of-memory, with old and *cap unchanged. */
 static inline void *gpumem__ht_doubled(void *old, size_t *cap, size_t first, size_t esize, gpumem__ht_key_fn keyf,
                                        gpumem__ht_home_fn homef) {
-  const size_t ncap = *cap ? *cap * 2 : first;
-  void *ns = gpumem__ht_grown(old, *cap, ncap, esize, keyf, homef);
-  if (ns != NULL) {
-    free(old);
-    *cap = ncap;
+  const size_t ocap = *cap, ncap = ocap ? ocap * 2 : first, mask = ncap - 1;
+  void *ns = calloc(ncap, esize);
+  if (ns == NULL) return NULL;
+  for (size_t i = 0; i < ocap; i++) {
+    const void *s = (const char *)old + i * esize;
+    uintptr_t k = keyf(s);
+    if (k == 0) continue;
+    size_t j = gpumem__ht_slot_for(ns, esize, mask, homef(k, mask), k, keyf);
+    memcpy(GPUMEM__HT_SLOT(ns, esize, j), s, esize);
   }
+  free(old);
+  *cap = ncap;
   return ns;
 }
 
