@@ -858,9 +858,12 @@ typedef struct gpumem_cupy_allocator {
   /** A Python callable, or NULL: `on_stream(device, stream)` returns the object that owns
    *  `stream` (CuPy's Stream). At the first allocation on a stream other than the default
    *  ones (0, 1, 2), the library calls it and keeps the reference it returns while memory
-   *  allocated on that stream lives, letting it go after the last such free: the stream
-   *  is not destroyed before the memory allocated on it is freed on it (CUDA does not
-   *  check a destroyed stream's handle: a free naming one may crash). NULL (or a block
+   *  allocated on that stream lives: the stream is not destroyed before the memory
+   *  allocated on it is freed on it (CUDA does not check a destroyed stream's handle: a
+   *  free naming one may crash). After the last such free the reference is parked, not let
+   *  go, so that the next allocation on that stream calls no Python code; at most 8 are
+   *  parked (process-wide, the oldest let go first), and
+   *  gpumem_cupy_release_streams() lets go of them. NULL (or a block
    *  whose struct_size ends before this member): nothing held, and the application keeps
    *  each stream alive while memory allocated on it lives. If it raises, the allocation
    *  returns NULL with that exception pending. */
@@ -894,6 +897,23 @@ GPUMEM_API void *gpumem_cupy_malloc(void *param, size_t size, int device);
  * the latter); nothing is raised. Thread-safe.
  */
 GPUMEM_API void gpumem_cupy_free(void *param, void *ptr, int device);
+
+/**
+ * \brief Let go of the CuPy stream objects held with no memory allocated on them left
+ *        (the parked holds of gpumem_cupy_allocator::on_stream), so that the streams of
+ *        dropped Stream objects are destroyed now.
+ *
+ * Holds of streams with live memory stay. Call it holding the GIL, with `param` of the
+ * allocator the streams were held through (its `py_decref` lets go of them); a Stream
+ * whose last reference goes is destroyed during the call.
+ * \param param    a ::gpumem_cupy_allocator with `py_call`, `py_decref` and `on_stream` set.
+ * \param released if not NULL, set to the number of objects let go (0 on error).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT when `param` is NULL, of a wrong
+ *         struct_size, or holds no streams (no `on_stream`, `py_call` or `py_decref`):
+ *         nothing is let go then.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_cupy_release_streams(void *param, size_t *released);
 
 /**
  * \brief The process-wide context used by gpumem_torch_alloc(), created on first use.

@@ -15,8 +15,11 @@
  * memory and crashed on an H200). With the caller's on_stream, the library holds a
  * reference to the object owning each stream other than the default ones (1, 2: the
  * legacy and per-thread default streams, never destroyed) while memory allocated on it
- * lives, and lets it go after the last such free: the stream is destroyed after that
- * free, not before (a second table: stream -> object, live blocks).
+ * lives: the stream is destroyed after the last such free, not before (a second table:
+ * stream -> object, live blocks). A hold whose last block is freed is parked, not let go:
+ * asking Python for the object costs about a microsecond, which a loop allocating one
+ * array at a time on a stream would pay at every allocation. At most CUPY_PARKED holds stay
+ * parked (the oldest goes first); gpumem_cupy_release_streams() lets go of all of them.
  *
  * Errors are raised in Python through the interpreter's own functions, whose
  * addresses the caller put in the parameter block (gpumem.h): no Python header here.
@@ -26,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct cupy_slot {
   uintptr_t key; /* 0 = empty */
@@ -64,13 +68,40 @@ static uintptr_t hold_key(const void *slot) { return ((const hold_slot *)slot)->
 /* A stream that is never destroyed, or none: nothing to hold. */
 static int stream_lasts(gpumem_stream s) { return (uintptr_t)s <= 2; }
 
-/* One more block on s: 1 when s is held (its count raised), 0 when not held yet. Lock held. */
+/* Holds with no live block, oldest first: kept so that the next allocation on their stream calls no
+ * Python code. Bounded, since each keeps a dropped stream from being destroyed. */
+#define CUPY_PARKED 8
+static uintptr_t parked[CUPY_PARKED];
+static size_t parked_count;
+
+static void unpark_locked(uintptr_t s) {
+  for (size_t k = 0; k < parked_count; k++)
+    if (parked[k] == s) {
+      memmove(&parked[k], &parked[k + 1], (parked_count - k - 1) * sizeof *parked);
+      parked_count--;
+      return;
+    }
+}
+
+/* Remove s's hold (parked); its object, to let go. Lock held. */
+static void *hold_drop_locked(uintptr_t s) {
+  size_t mask = hold_cap - 1;
+  size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
+  if (i == SIZE_MAX) return NULL;
+  void *obj = hold_slots[i].obj;
+  gpumem__ht_delete(hold_slots, sizeof *hold_slots, mask, i, hold_key, cupy_hash);
+  hold_count--;
+  return obj;
+}
+
+/* One more block on s: 1 when s is held (its count raised, a parked hold taken up again), 0 when
+ * not held yet. Lock held. */
 static int hold_more_locked(uintptr_t s) {
   if (hold_cap == 0) return 0;
   size_t mask = hold_cap - 1;
   size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
   if (i == SIZE_MAX) return 0;
-  hold_slots[i].n++;
+  if (hold_slots[i].n++ == 0) unpark_locked(s);
   return 1;
 }
 
@@ -90,16 +121,21 @@ static int hold_add_locked(uintptr_t s, void *obj) {
   return 0;
 }
 
-/* One block fewer on s: the object to let go when it was the last, else NULL. Lock held. */
+/* One block fewer on s. At its last, s's hold is parked; the object to let go is that of the oldest
+ * parked hold when there are more than CUPY_PARKED, else NULL. Lock held. */
 static void *hold_less_locked(uintptr_t s) {
   if (hold_cap == 0) return NULL;
   size_t mask = hold_cap - 1;
   size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
   if (i == SIZE_MAX || --hold_slots[i].n != 0) return NULL;
-  void *obj = hold_slots[i].obj;
-  gpumem__ht_delete(hold_slots, sizeof *hold_slots, mask, i, hold_key, cupy_hash);
-  hold_count--;
-  return obj;
+  void *gone = NULL;
+  if (parked_count == CUPY_PARKED) {
+    gone = hold_drop_locked(parked[0]);
+    memmove(&parked[0], &parked[1], (CUPY_PARKED - 1) * sizeof *parked);
+    parked_count--;
+  }
+  parked[parked_count++] = s;
+  return gone;
 }
 
 /* Remove ptr's entry (under the lock); returns 1 and its stream when there was one, and in *gone the
@@ -266,4 +302,27 @@ void gpumem_cupy_free(void *param, void *ptr, int device) {
   gpumem_context *ctx = a->ctx != NULL ? a->ctx : gpumem__global_context_if_created();
   if (ctx != NULL) (void)gpumem_free(ctx, ptr, stream); /* (NULL: nothing was ever allocated through it) */
   let_go(a, gone);
+}
+
+gpumem_status gpumem_cupy_release_streams(void *param, size_t *released) {
+  if (released != NULL) *released = 0;
+  const gpumem_cupy_allocator *a = param_of(param);
+  if (a == NULL || !holds_streams(a)) return GPUMEM_ERR_INVALID_ARGUMENT;
+  /* one at a time, the lock not held while Python code runs (a Stream's destruction) */
+  for (;;) {
+    pthread_mutex_lock(&cupy_lock);
+    void *obj = NULL;
+    if (parked_count > 0) {
+      obj = hold_drop_locked(parked[0]);
+      memmove(&parked[0], &parked[1], (parked_count - 1) * sizeof *parked);
+      parked_count--;
+    }
+    int more = parked_count > 0 || obj != NULL;
+    pthread_mutex_unlock(&cupy_lock);
+    if (obj != NULL) {
+      let_go(a, obj);
+      if (released != NULL) (*released)++;
+    }
+    if (!more) return GPUMEM_OK;
+  }
 }

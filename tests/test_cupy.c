@@ -32,8 +32,15 @@ static int on_stream_token;
 static int stream_owner_calls, owner_device;
 static intptr_t owner_stream;
 static int owner_raises;
-static char owner_a, owner_b;
-static void *owner_of(intptr_t s) { return s == (intptr_t)SA ? (void *)&owner_a : (void *)&owner_b; }
+/* the "Stream object" of stream 0xA0 + 0x10 k (SA, SB, ...) is owners[k] */
+#define NOWNERS 16
+static char owners[NOWNERS];
+static gpumem_stream stream_k(int k) { return (gpumem_stream)(uintptr_t)(0xA0 + 0x10 * k); }
+static void *owner_of(intptr_t s) { return &owners[(s - 0xA0) / 0x10]; }
+static int owner_index(const void *obj) {
+  const char *o = obj;
+  return o >= owners && o < owners + NOWNERS ? (int)(o - owners) : -1;
+}
 static void *fake_call(void *callable, const char *format, ...) {
   if (callable == &on_stream_token) {
     stream_owner_calls++;
@@ -59,9 +66,10 @@ static void *fake_call(void *callable, const char *format, ...) {
 /* letting go of a stream's owner destroys the stream, as CuPy's Stream does when its last reference goes */
 static int owner_decrefs;
 static void fake_decref(void *obj) {
-  if (obj == &owner_a || obj == &owner_b) {
+  int k = owner_index(obj);
+  if (k >= 0) {
     owner_decrefs++;
-    if (tu_is_sim()) assert_status(gpumem_sim_stream_destroy(0, obj == &owner_a ? SA : SB), GPUMEM_OK);
+    if (tu_is_sim()) assert_status(gpumem_sim_stream_destroy(0, stream_k(k)), GPUMEM_OK);
     return;
   }
   decrefs++;
@@ -244,6 +252,7 @@ static void test_streams_held_while_their_memory_lives(void **state) {
   a.on_stream = &on_stream_token;
   const size_t n = 4 * TU_MiB; /* (past the thread caches: every free reaches the pool) */
   void *p[3], *q, *d;
+  size_t released = 99;
   current_stream = (intptr_t)SA;
   for (int i = 0; i < 3; i++) assert_non_null(p[i] = gpumem_cupy_malloc(&a, n, 0));
   assert_int_equal(stream_owner_calls, 1);
@@ -261,12 +270,31 @@ static void test_streams_held_while_their_memory_lives(void **state) {
   current_stream = 0;
   gpumem_cupy_free(&a, p[1], 0);
   gpumem_cupy_free(&a, p[0], 0);
-  assert_int_equal(owner_decrefs, 0);
-  gpumem_cupy_free(&a, p[2], 0); /* the last block on SA: freed on SA, then SA's owner goes */
-  assert_int_equal(owner_decrefs, 1);
+  gpumem_cupy_free(&a, p[2], 0); /* the last block on SA: freed on SA; SA's owner is parked */
   gpumem_cupy_free(&a, q, 0);
+  assert_int_equal(owner_decrefs, 0);
+  /* an allocation on a parked stream takes its hold up again: no on_stream call */
+  current_stream = (intptr_t)SA;
+  for (int i = 0; i < 3; i++) {
+    assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
+    gpumem_cupy_free(&a, d, 0);
+  }
+  assert_int_equal(stream_owner_calls, 2);
+  current_stream = (intptr_t)SB;
+  assert_non_null(q = gpumem_cupy_malloc(&a, n, 0)); /* SB held, with a live block */
+  assert_int_equal(stream_owner_calls, 2);
+  /* releasing lets go of the parked SA (destroying it), not of SB, whose block lives */
+  assert_status(gpumem_cupy_release_streams(&a, &released), GPUMEM_OK);
+  assert_int_equal(released, 1);
+  assert_int_equal(owner_decrefs, 1);
+  gpumem_cupy_free(&a, q, 0); /* freed on SB, alive: SB parked */
+  assert_int_equal(owner_decrefs, 1);
+  assert_status(gpumem_cupy_release_streams(&a, NULL), GPUMEM_OK);
   assert_int_equal(owner_decrefs, 2);
+  assert_status(gpumem_cupy_release_streams(&a, &released), GPUMEM_OK); /* none left */
+  assert_int_equal(released, 0);
   assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
+  current_stream = 0;
   for (int i = 0; i < 8; i++) { /* later calls on other streams: the destroyed ones are never named */
     assert_non_null(d = gpumem_cupy_malloc(&a, n << (i % 3), 0));
     gpumem_cupy_free(&a, d, 0);
@@ -275,13 +303,27 @@ static void test_streams_held_while_their_memory_lives(void **state) {
   assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
   /* a stream made again at SA's address: asked for again, held again */
   assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
+  assert_status(gpumem_sim_stream_create(0, SB), GPUMEM_OK);
   current_stream = (intptr_t)SA;
   assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
   assert_int_equal(stream_owner_calls, 3);
   gpumem_cupy_free(&a, d, 0);
-  assert_int_equal(owner_decrefs, 3);
+  assert_int_equal(owner_decrefs, 2);
+  /* at most 8 parked: the ninth stream parked lets go of the oldest (SA), then of the next */
+  for (int k = 1; k <= 9; k++) {
+    current_stream = (intptr_t)stream_k(k);
+    assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
+    gpumem_cupy_free(&a, d, 0);
+    assert_int_equal(owner_decrefs, 2 + (k >= 8) + (k >= 9));
+  }
+  assert_int_equal(stream_owner_calls, 12);
+  assert_status(gpumem_cupy_release_streams(&a, &released), GPUMEM_OK);
+  assert_int_equal(released, 8);
+  assert_int_equal(owner_decrefs, 12);
+  assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
   /* on_stream raises: NULL, the exception left pending (on_error not called), nothing allocated */
   assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
+  current_stream = (intptr_t)SA;
   owner_raises = 1;
   gpumem_stats before = tu_stats(ctx, 0);
   assert_null(gpumem_cupy_malloc(&a, n, 0));
@@ -289,19 +331,54 @@ static void test_streams_held_while_their_memory_lives(void **state) {
   gpumem_stats after = tu_stats(ctx, 0);
   assert_int_equal(after.num_live, before.num_live);
   assert_int_equal(after.num_allocs, before.num_allocs);
-  /* the parameter block before on_stream: allocations on SA hold nothing */
+  /* the parameter block before on_stream: allocations on SA hold nothing, and it releases nothing */
   owner_raises = 0;
   a.struct_size = (uint32_t)offsetof(gpumem_cupy_allocator, on_stream);
   assert_non_null(d = gpumem_cupy_malloc(&a, n, 0));
   gpumem_cupy_free(&a, d, 0);
-  assert_int_equal(stream_owner_calls, 4); /* (the raising call above counted) */
-  assert_int_equal(owner_decrefs, 3);
+  assert_int_equal(stream_owner_calls, 13); /* (the raising call above counted) */
+  assert_int_equal(owner_decrefs, 12);
+  assert_status(gpumem_cupy_release_streams(&a, &released), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(released, 0);
   assert_int_equal(gpumem_sim_dead_stream_uses(), 0);
   tu_ctx_done(ctx);
 }
 
+/* gpumem_cupy_release_streams with a parameter block that cannot let go of anything: an error, and
+ * the parked holds stay. */
+static void test_release_streams_bad_param(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_cupy_allocator a = param_for(ctx);
+  a.on_stream = &on_stream_token;
+  current_stream = (intptr_t)stream_k(3);
+  assert_status(gpumem_sim_stream_create(0, stream_k(3)), GPUMEM_OK);
+  void *d = gpumem_cupy_malloc(&a, 4 * TU_MiB, 0);
+  assert_non_null(d);
+  gpumem_cupy_free(&a, d, 0); /* parked */
+  size_t released = 7;
+  assert_status(gpumem_cupy_release_streams(NULL, &released), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(released, 0);
+  assert_status(gpumem_cupy_release_streams(NULL, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  gpumem_cupy_allocator bad = a;
+  bad.struct_size = 3;
+  assert_status(gpumem_cupy_release_streams(&bad, &released), GPUMEM_ERR_INVALID_ARGUMENT);
+  bad = a;
+  bad.py_decref = NULL;
+  assert_status(gpumem_cupy_release_streams(&bad, &released), GPUMEM_ERR_INVALID_ARGUMENT);
+  bad = a;
+  bad.on_stream = NULL;
+  assert_status(gpumem_cupy_release_streams(&bad, &released), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(owner_decrefs, 0);
+  assert_status(gpumem_cupy_release_streams(&a, &released), GPUMEM_OK);
+  assert_int_equal(released, 1);
+  assert_int_equal(owner_decrefs, 1);
+  tu_ctx_done(ctx);
+}
+
 /* A block of a context destroyed by force is never freed: a later block at its address (another
- * context's) drops its entry, and with it the hold on its stream. */
+ * context's) drops its entry, and with it the hold on its stream (parked, then released). */
 static void test_stale_entry_lets_its_stream_go(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
@@ -309,6 +386,7 @@ static void test_stale_entry_lets_its_stream_go(void **state) {
   gpumem_cupy_allocator a = param_for(ctx);
   a.on_stream = &on_stream_token;
   current_stream = (intptr_t)SA;
+  assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
   void *p = gpumem_cupy_malloc(&a, 4 * TU_MiB, 0);
   assert_non_null(p);
   assert_int_equal(stream_owner_calls, 1);
@@ -327,10 +405,17 @@ static void test_stale_entry_lets_its_stream_go(void **state) {
       assert_non_null(q[n]);
       if (q[n] == p) found = 1;
     }
-    if (found) assert_int_equal(owner_decrefs, 1); /* SA's owner let go: its block is gone */
+    if (found) { /* SA's hold has no block left: parked, and let go by a release */
+      size_t released = 0;
+      assert_int_equal(owner_decrefs, 0);
+      assert_status(gpumem_cupy_release_streams(&a, &released), GPUMEM_OK);
+      assert_int_equal(released, 1);
+      assert_int_equal(owner_decrefs, 1);
+    }
     for (int i = 0; i < n; i++) gpumem_cupy_free(&a, q[i], 0);
     tu_ctx_done(c2);
   }
+  assert_status(gpumem_cupy_release_streams(&a, NULL), GPUMEM_OK);
   tu_ctx_done(keeper);
   if (!found) skip(); /* (no block of the new contexts fell at the old address) */
 }
@@ -428,7 +513,9 @@ static void test_threads(void **state) {
   }
   assert_int_equal(calls, 0);
   assert_true(tu_stats(ctx, GPUMEM_ALL_DEVICES).num_live == 0);
-  assert_int_equal(atomic_load(&mt_held), 0); /* every stream let go after its last free */
+  assert_true(atomic_load(&mt_held) <= 8); /* at most 8 parked after their last free */
+  assert_status(gpumem_cupy_release_streams(&a, NULL), GPUMEM_OK);
+  assert_int_equal(atomic_load(&mt_held), 0); /* every stream let go */
   if (tu_is_sim()) assert_true(atomic_load(&mt_taken) >= NT);
   if (tu_is_sim()) gpumem_sim_complete_all();
   tu_ctx_done(ctx);
@@ -441,6 +528,7 @@ int main(void) {
       TU_TEST(test_failures_raise_through_on_error),
       TU_TEST(test_bad_param_block),
       TU_TEST(test_streams_held_while_their_memory_lives),
+      TU_TEST(test_release_streams_bad_param),
       TU_TEST(test_stale_entry_lets_its_stream_go),
       TU_TEST(test_process_wide_context),
       TU_TEST(test_threads),

@@ -388,6 +388,7 @@ _proto("gpumem_trace_start", _status, [_ctx, c_char_p], required=False)
 _proto("gpumem_trace_stop", _status, [_ctx], required=False)
 _proto("gpumem_cupy_malloc", c_void_p, [c_void_p, c_size_t, c_int], required=False)
 _proto("gpumem_cupy_free", None, [c_void_p, c_void_p, c_int], required=False)
+_proto("gpumem_cupy_release_streams", _status, [c_void_p, POINTER(c_size_t)], required=False)
 _proto("gpumem_builtin_backend", POINTER(Backend), [c_char_p], required=False)
 
 # gpumem/sim.h (always built, but tolerate a library without it)

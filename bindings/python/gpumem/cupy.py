@@ -27,7 +27,10 @@ from . import capi, errors
 from ._core import Context
 from ._global import global_context
 
-__all__ = ["enable", "disable", "is_enabled", "context", "allocator", "c_allocator_available", "out_of_memory_error"]
+__all__ = [
+    "enable", "disable", "is_enabled", "context", "allocator", "c_allocator_available", "release_streams",
+    "out_of_memory_error",
+]
 
 _lock = threading.Lock()
 _previous: Optional[Callable[[int], Any]] = None
@@ -269,6 +272,40 @@ def disable() -> None:
             return
         cupy.cuda.set_allocator(_previous)
         _previous, _enabled = None, False
+    release_streams()
+
+
+_release = None  # (the function called holding the GIL, its parameter block)
+
+
+def release_streams() -> int:
+    """Let go of the CuPy ``Stream`` objects the C path holds with no memory allocated on them left,
+    so that the CUDA streams of Streams you dropped are destroyed now; returns how many.
+
+    The library holds a Stream while memory allocated on it lives (CuPy destroys the CUDA stream
+    with the object, and a free naming a destroyed stream may crash). After the last free on it the
+    hold is kept (parked) so that the next allocation on that stream calls no Python code: up to 8
+    such streams in the process, the oldest let go first. :func:`disable` calls this.
+    """
+    global _release
+    if _release is None:
+        if getattr(capi.lib.gpumem_cupy_release_streams, "argtypes", None) is None:
+            return 0  # a library without it holds no streams past their memory
+        # through PyDLL: it lets go of Python objects, so the GIL stays held during the call
+        fn = ctypes.PyDLL(capi.library_path).gpumem_cupy_release_streams
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        p = capi.CupyAllocator()
+        p.struct_size = ctypes.sizeof(capi.CupyAllocator)
+        p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
+        p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
+        p.on_stream = id(_stream_owner)  # (not called: only says that the block holds streams)
+        _release = (fn, p)
+    fn, p = _release
+    n = ctypes.c_size_t(0)
+    st = fn(ctypes.addressof(p), ctypes.byref(n))
+    if st != 0:
+        raise errors.make_error(st)
+    return n.value
 
 
 def is_enabled() -> bool:
