@@ -94,6 +94,14 @@ static void *hold_drop_locked(uintptr_t s) {
   return obj;
 }
 
+/* Remove the oldest parked hold; its object, to let go (NULL when none is parked). Lock held. */
+static void *drop_oldest_parked_locked(void) {
+  if (parked_count == 0) return NULL;
+  void *obj = hold_drop_locked(parked[0]);
+  unpark_locked(parked[0]);
+  return obj;
+}
+
 /* One more block on s: 1 when s is held (its count raised, a parked hold taken up again), 0 when
  * not held yet. Lock held. */
 static int hold_more_locked(uintptr_t s) {
@@ -128,12 +136,7 @@ static void *hold_less_locked(uintptr_t s) {
   size_t mask = hold_cap - 1;
   size_t i = gpumem__ht_find(hold_slots, sizeof *hold_slots, mask, cupy_hash(s, mask), s, hold_key);
   if (i == SIZE_MAX || --hold_slots[i].n != 0) return NULL;
-  void *gone = NULL;
-  if (parked_count == CUPY_PARKED) {
-    gone = hold_drop_locked(parked[0]);
-    memmove(&parked[0], &parked[1], (CUPY_PARKED - 1) * sizeof *parked);
-    parked_count--;
-  }
+  void *gone = parked_count == CUPY_PARKED ? drop_oldest_parked_locked() : NULL;
   parked[parked_count++] = s;
   return gone;
 }
@@ -311,18 +314,11 @@ gpumem_status gpumem_cupy_release_streams(void *param, size_t *released) {
   /* one at a time, the lock not held while Python code runs (a Stream's destruction) */
   for (;;) {
     pthread_mutex_lock(&cupy_lock);
-    void *obj = NULL;
-    if (parked_count > 0) {
-      obj = hold_drop_locked(parked[0]);
-      memmove(&parked[0], &parked[1], (parked_count - 1) * sizeof *parked);
-      parked_count--;
-    }
-    int more = parked_count > 0 || obj != NULL;
+    int any = parked_count > 0;
+    void *obj = drop_oldest_parked_locked();
     pthread_mutex_unlock(&cupy_lock);
-    if (obj != NULL) {
-      let_go(a, obj);
-      if (released != NULL) (*released)++;
-    }
-    if (!more) return GPUMEM_OK;
+    if (!any) return GPUMEM_OK;
+    let_go(a, obj);
+    if (released != NULL && obj != NULL) (*released)++;
   }
 }
