@@ -135,6 +135,11 @@ def _stream_function() -> Optional[int]:
     return get_pointer(capsule, name) or None
 
 
+def _has(name: str) -> bool:
+    """The library exports ``name`` (capi gave it its prototype; an older library may lack it)."""
+    return getattr(getattr(capi.lib, name, None), "argtypes", None) is not None
+
+
 def _stream_owner(device: int, ptr: int) -> Any:
     """The CuPy Stream object of ``ptr``, CuPy's current stream of ``device`` (the library holds it
     while memory allocated on that stream lives: CuPy destroys a Stream with its object, and a free
@@ -174,7 +179,7 @@ def c_allocator_available() -> bool:
     ``cupy_backends.cuda.stream.get_stream_ptr`` (CuPy's current stream, read from C).
     """
     _import_cupy()
-    return getattr(capi.lib.gpumem_cupy_malloc, "argtypes", None) is not None and _stream_function() is not None
+    return _has("gpumem_cupy_malloc") and _stream_function() is not None
 
 
 def allocator(ctx: Optional[Context] = None) -> Callable[[int], Any]:
@@ -197,7 +202,7 @@ def allocator(ctx: Optional[Context] = None) -> Callable[[int], Any]:
     # Only a context Python never destroys (the process-wide one) is handed to C: a context of
     # your own may be closed while CuPy still holds memory, and its Buffers are what keeps that safe.
     if (stream_fn is not None and not ctx._state.owned
-            and getattr(capi.lib.gpumem_cupy_malloc, "argtypes", None) is not None):
+            and _has("gpumem_cupy_malloc")):
         owner = _CAllocator(ctx, stream_fn)
         c_alloc = cupy.cuda.memory.CFunctionAllocator(
             ctypes.addressof(owner.param),
@@ -289,7 +294,7 @@ def release_streams() -> int:
     """
     global _release
     if _release is None:
-        if getattr(capi.lib.gpumem_cupy_release_streams, "argtypes", None) is None:
+        if not _has("gpumem_cupy_release_streams"):
             return 0  # a library without it holds no streams past their memory
         # through PyDLL: it lets go of Python objects, so the GIL stays held during the call
         fn = ctypes.PyDLL(capi.library_path).gpumem_cupy_release_streams

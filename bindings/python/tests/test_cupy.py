@@ -112,6 +112,28 @@ def test_c_entry_points_allocate_on_the_stream_and_raise_python_errors(monkeypat
         owner2 = gcupy._CAllocator(ctx, ctypes.cast(cb2, ctypes.c_void_p).value)
         assert malloc(ctypes.addressof(owner2.param), 4096, 0) is None
         assert ctx.stats()["num_live"] == 0
+        # the failed allocations on 0xA0 left its hold parked (process-wide): let go of it here
+        assert gcupy.release_streams() == 1
+        assert all(ref() is None for _, _, ref in held)
+
+
+def test_release_streams_with_nothing_parked_and_with_an_older_library(monkeypatch):
+    """release_streams() with nothing parked lets go of nothing; with a library that lacks
+    gpumem_cupy_release_streams (one from before parking, which holds no stream past its memory)
+    it returns 0 instead of raising, so disable() works with it."""
+    assert gcupy.release_streams() == 0
+    real = gpumem.capi.lib
+
+    class Older:
+        def __getattr__(self, name):
+            if name == "gpumem_cupy_release_streams":
+                raise AttributeError(name)
+            return getattr(real, name)
+
+    monkeypatch.setattr(gcupy, "_release", None)
+    monkeypatch.setattr(gpumem.capi, "lib", Older())
+    assert gcupy.release_streams() == 0
+    assert not gcupy._has("gpumem_cupy_release_streams") and gcupy._has("gpumem_cupy_malloc")
 
 
 def _run(code: str) -> None:
