@@ -93,6 +93,13 @@ static gpumem_cupy_allocator param_for(gpumem_context *ctx) {
   return a;
 }
 
+/* param_for with on_stream: the streams' owners held while their memory lives */
+static gpumem_cupy_allocator holding_param_for(gpumem_context *ctx) {
+  gpumem_cupy_allocator a = param_for(ctx);
+  a.on_stream = &on_stream_token;
+  return a;
+}
+
 static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
   uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
   return x < y + nb && y < x + na;
@@ -248,8 +255,7 @@ static void test_streams_held_while_their_memory_lives(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   gpumem_context *ctx = tu_ctx_new(NULL);
-  gpumem_cupy_allocator a = param_for(ctx);
-  a.on_stream = &on_stream_token;
+  gpumem_cupy_allocator a = holding_param_for(ctx);
   const size_t n = 4 * TU_MiB; /* (past the thread caches: every free reaches the pool) */
   void *p[3], *q, *d;
   size_t released = 99;
@@ -350,8 +356,7 @@ static void test_release_streams_bad_param(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   gpumem_context *ctx = tu_ctx_new(NULL);
-  gpumem_cupy_allocator a = param_for(ctx);
-  a.on_stream = &on_stream_token;
+  gpumem_cupy_allocator a = holding_param_for(ctx);
   current_stream = (intptr_t)stream_k(3);
   assert_status(gpumem_sim_stream_create(0, stream_k(3)), GPUMEM_OK);
   void *d = gpumem_cupy_malloc(&a, 4 * TU_MiB, 0);
@@ -383,8 +388,7 @@ static void test_stale_entry_lets_its_stream_go(void **state) {
   (void)state;
   TU_REQUIRE_SIM();
   gpumem_context *ctx = tu_ctx_new(NULL);
-  gpumem_cupy_allocator a = param_for(ctx);
-  a.on_stream = &on_stream_token;
+  gpumem_cupy_allocator a = holding_param_for(ctx);
   current_stream = (intptr_t)SA;
   assert_status(gpumem_sim_stream_create(0, SA), GPUMEM_OK);
   void *p = gpumem_cupy_malloc(&a, 4 * TU_MiB, 0);
