@@ -153,6 +153,17 @@ def _stream_owner(device: int, ptr: int) -> Any:
     return stream if stream.ptr == ptr else None
 
 
+def _param_block() -> Any:
+    """A ``gpumem_cupy_allocator`` with this interpreter's call and decref, holding streams through
+    :func:`_stream_owner` (the module's function: it outlives every block)."""
+    p = capi.CupyAllocator()
+    p.struct_size = ctypes.sizeof(capi.CupyAllocator)
+    p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
+    p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
+    p.on_stream = id(_stream_owner)
+    return p
+
+
 class _CAllocator:
     """Keeps alive what CuPy's CFunctionAllocator points to: the parameter block, the context, on_error,
     on_stream."""
@@ -161,12 +172,9 @@ class _CAllocator:
         self.ctx = ctx
         self.on_error = _raise_for(ctx)
         self.on_stream = _stream_owner
-        p = capi.CupyAllocator()
-        p.struct_size = ctypes.sizeof(capi.CupyAllocator)
+        p = _param_block()
         p.ctx = ctx.handle
         p.stream_of = stream_fn
-        p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
-        p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
         p.on_error = id(self.on_error)  # a borrowed reference: self keeps the function alive
         p.on_stream = id(self.on_stream)
         self.param = p
@@ -299,12 +307,7 @@ def release_streams() -> int:
         # through PyDLL: it lets go of Python objects, so the GIL stays held during the call
         fn = ctypes.PyDLL(capi.library_path).gpumem_cupy_release_streams
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-        p = capi.CupyAllocator()
-        p.struct_size = ctypes.sizeof(capi.CupyAllocator)
-        p.py_call = ctypes.cast(ctypes.pythonapi.PyObject_CallFunction, ctypes.c_void_p).value
-        p.py_decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p).value
-        p.on_stream = id(_stream_owner)  # (not called: only says that the block holds streams)
-        _release = (fn, p)
+        _release = (fn, _param_block())  # (its on_stream is not called: only its decref)
     fn, p = _release
     n = ctypes.c_size_t(0)
     st = fn(ctypes.addressof(p), ctypes.byref(n))
