@@ -138,8 +138,18 @@ def test_wrong_backend_or_device_is_refused():
 
 # ---------------------------------------------------------------- on a CUDA device
 
-KERNEL = """
+# numba-cuda releases that name np.row_stack (removed from NumPy 2.4) compile no kernel at all on
+# such a NumPy, with or without gpumem (the GPU machine of 2026-12-07: "module 'numpy' has no
+# attribute 'row_stack'"). The alias lets the tests' kernels compile there; where NumPy still has
+# row_stack it does nothing. The child processes of the IPC tests import numba.cuda too.
+NUMPY_ALIAS = """
 import numpy as np
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+"""
+
+# (NUMPY_ALIAS_SRC: the same lines, for the scripts' own child processes)
+KERNEL = NUMPY_ALIAS + f"NUMPY_ALIAS_SRC = {NUMPY_ALIAS!r}\n" + """
 from numba import cuda
 
 @cuda.jit
@@ -150,10 +160,36 @@ def fill(a, v):
 """
 
 
+# The control: the same kernel with Numba's own allocator (no gpumem imported). If numba-cuda
+# cannot run it, the tests below could only report that, so they skip with its error.
+CONTROL = KERNEL + """
+a = cuda.device_array(1 << 16, dtype=np.float32)
+fill[(a.size + 255) // 256, 256](a, 2.0)
+h = a.copy_to_host()
+assert h[0] == 2.0 and h[-1] == 2.0 + (a.size - 1)
+print("ok")
+"""
+
+_control: dict = {}
+
+
+def _numba_runs_kernels() -> None:
+    """Skip unless numba-cuda runs the control kernel without gpumem (checked once)."""
+    if "result" not in _control:
+        r = run_python(CONTROL, env={"NUMBA_CUDA_MEMORY_MANAGER": None}, timeout=300)
+        ok = r.returncode == 0 and r.stdout.strip().endswith("ok")
+        last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        _control["result"] = (ok, last)
+    ok, last = _control["result"]
+    if not ok:
+        pytest.skip(f"numba-cuda runs no kernel here even without gpumem: {last}")
+
+
 def _run(code: str, **env) -> str:
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed")
     need_gpu()
+    _numba_runs_kernels()
     e = dict(GPU_ENV)
     e.update(env)
     r = run_python(code, env=e, timeout=300)
@@ -198,7 +234,7 @@ except gpumem.NotSupportedError as e:
 else:
     # plain segments (GPUMEM_EXPANDABLE=0 in this run): a handle another process opens
     h = a.get_ipc_handle()
-    child = '''
+    child = NUMPY_ALIAS_SRC + '''
 import pickle, sys, numpy as np
 from numba import cuda
 h = pickle.loads(sys.stdin.buffer.read())
@@ -223,7 +259,7 @@ fill[16, 256](a, 1.0)
 cuda.synchronize()
 h = a.get_ipc_handle()
 import pickle, subprocess, sys
-child = '''
+child = NUMPY_ALIAS_SRC + '''
 import pickle, sys
 from numba import cuda
 h = pickle.loads(sys.stdin.buffer.read())
