@@ -138,7 +138,7 @@ def test_wrong_backend_or_device_is_refused():
 
 # ---------------------------------------------------------------- on a CUDA device
 
-# numba-cuda releases that name np.row_stack (removed from NumPy 2.4) compile no kernel at all on
+# numba-cuda releases that name np.row_stack (deprecated in NumPy 2.0, since removed) compile no kernel on
 # such a NumPy, with or without gpumem (the GPU machine of 2026-12-07: "module 'numpy' has no
 # attribute 'row_stack'"). The alias lets the tests' kernels compile there; where NumPy still has
 # row_stack it does nothing. The child processes of the IPC tests import numba.cuda too.
