@@ -43,8 +43,9 @@ def test_context_manager_closes():
 
 def test_no_backend_error_says_why():
     # the library's reason (unknown backend, no driver, no device) is in the exception, not only in a log line
+    # (CONFIG_NO_ENV: GPUMEM_BACKEND would replace the name asked for)
     with pytest.raises(gpumem.NoBackendError) as ei:
-        gpumem.Context(backend="no-such-backend")
+        gpumem.Context(backend="no-such-backend", flags=gpumem.CONFIG_NO_ENV)
     assert "'no-such-backend'" in str(ei.value)
     assert "unknown or not built" in ei.value.message
 

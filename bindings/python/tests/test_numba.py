@@ -38,7 +38,7 @@ def sim_manager():
     """A manager on a sim context of its own, bound to a stand-in for Numba's context of device 0."""
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed")
-    ctx = gpumem.Context(backend="sim", limit_bytes=256 * MiB, release_threshold=None)
+    ctx = gpumem.Context(backend="sim", limit_bytes=256 * MiB, release_threshold=None, flags=gpumem.CONFIG_NO_ENV)
     if ctx.backend != "sim":
         ctx.close()
         pytest.skip("needs the sim backend")
@@ -119,7 +119,8 @@ def test_reset_trims_and_defer_cleanup_holds_it_back(sim_manager):
 def test_wrong_backend_or_device_is_refused():
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed")
-    with gpumem.Context(backend="sim") as ctx:
+    # (CONFIG_NO_ENV: a sim context whatever GPUMEM_BACKEND says, as the check needs)
+    with gpumem.Context(backend="sim", flags=gpumem.CONFIG_NO_ENV) as ctx:
 
         class OnSim(gnumba.GpumemNumbaManager):
             context_factory = staticmethod(lambda: ctx)
