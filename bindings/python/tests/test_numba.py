@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import types
+from typing import Tuple
 
 import pytest
 
@@ -39,9 +41,6 @@ def sim_manager():
     if not HAVE_NUMBA_CUDA:
         pytest.skip("numba-cuda is not installed")
     ctx = gpumem.Context(backend="sim", limit_bytes=256 * MiB, release_threshold=None, flags=gpumem.CONFIG_NO_ENV)
-    if ctx.backend != "sim":
-        ctx.close()
-        pytest.skip("needs the sim backend")
 
     class SimManager(gnumba.GpumemNumbaManager):
         context_factory = staticmethod(lambda: ctx)
@@ -171,17 +170,17 @@ assert h[0] == 2.0 and h[-1] == 2.0 + (a.size - 1)
 print("ok")
 """
 
-_control: dict = {}
+@functools.lru_cache(maxsize=None)
+def _control_result() -> Tuple[bool, str]:
+    """The control's outcome (run once): whether it printed ok, and its last line on stderr."""
+    r = run_python(CONTROL, env={"NUMBA_CUDA_MEMORY_MANAGER": None}, timeout=300)
+    ok = r.returncode == 0 and r.stdout.strip().endswith("ok")
+    return ok, (r.stderr.strip().splitlines() or ["(no output)"])[-1]
 
 
 def _numba_runs_kernels() -> None:
-    """Skip unless numba-cuda runs the control kernel without gpumem (checked once)."""
-    if "result" not in _control:
-        r = run_python(CONTROL, env={"NUMBA_CUDA_MEMORY_MANAGER": None}, timeout=300)
-        ok = r.returncode == 0 and r.stdout.strip().endswith("ok")
-        last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-        _control["result"] = (ok, last)
-    ok, last = _control["result"]
+    """Skip unless numba-cuda runs the control kernel without gpumem."""
+    ok, last = _control_result()
     if not ok:
         pytest.skip(f"numba-cuda runs no kernel here even without gpumem: {last}")
 
