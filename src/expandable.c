@@ -2,6 +2,7 @@
  * granule map and chunk mapping are vmseg.c). */
 #include "pool.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -522,6 +523,63 @@ gpumem_status gpumem__vm_clear(gpumem__pool *p) {
   gpumem_status st = gpumem__vm_trim(p->vm, UINT64_MAX, &rel); /* spare chunks, and a second try */
   if (first == GPUMEM_OK) first = st;
   return first;
+}
+
+/* The next block of kept segment s, after `last` (NULL: the first), at [addr, addr+size). One block must be
+ * reserved. */
+static gpumem__block *keep_append(gpumem__pool *p, gpumem__segment *s, gpumem__block *last, uintptr_t addr,
+                                  size_t size) {
+  gpumem__block *b = block_new(p);
+  b->addr = addr;
+  b->size = size;
+  b->seg = s;
+  b->prev = last;
+  if (last != NULL) last->next = b;
+  else s->head = b;
+  return b;
+}
+
+/* A segment whose space the backend refused to give back at a reset or destroy stays in the pool as
+ * free blocks (pool.c, pool_clear_locked; nothing is live in it). Where a lending's first mapping is
+ * still there (its unmap failed), the memory behind it is also mapped at another range of the pool,
+ * which may serve a block now: the alias range must serve none, or two blocks would share memory and
+ * the pool would hand out more bytes than it holds. Each alias range is parked as a lent free with no
+ * event, busy (gpumem__park_rec_new: a device synchronisation tries the unmap again, then the range is
+ * READY); the ranges between them are READY. s is linked into the pool's segments. Returns 0, or -1
+ * with nothing built (no host memory). */
+int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
+  const uintptr_t end = s->base + s->size;
+  uintptr_t a = 0;
+  size_t n = 0, k = 0;
+  for (uintptr_t at = s->base; at < end && gpumem__vm_next_alias(s->vm, at, &a, &n) && a < end; at = a + n) k++;
+  gpumem__deferred **recs = k > 0 ? calloc(k, sizeof *recs) : NULL;
+  int ok = (k == 0 || recs != NULL) && k <= (size_t)INT_MAX / 2 - 1 && block_reserve(p, (int)(2 * k + 1)) == 0;
+  for (size_t i = 0; ok && i < k; i++) ok = (recs[i] = gpumem__park_rec_new()) != NULL;
+  if (!ok) {
+    for (size_t i = 0; recs != NULL && i < k; i++) free(recs[i]);
+    free(recs);
+    return -1;
+  }
+  gpumem__block *last = NULL;
+  uintptr_t at = s->base;
+  for (size_t i = 0; at < end;) {
+    if (i == k || !gpumem__vm_next_alias(s->vm, at, &a, &n) || a >= end) { /* no alias left */
+      a = end;
+      n = 0;
+    }
+    if (a > at) { /* the range before the next alias, or the rest */
+      last = keep_append(p, s, last, at, a - at);
+      idx_insert(p, p->ready, last);
+    }
+    if (n == 0) break;
+    if (n > end - a) n = end - a;
+    last = keep_append(p, s, last, a, n);
+    gpumem__vm_busy(s->vm, a, n, +1);
+    gpumem__lend_park(p, recs[i++], last);
+    at = a + n;
+  }
+  free(recs);
+  return 0;
 }
 
 /* The allocation path in expandable mode. The block comes from the cache

@@ -679,22 +679,31 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
       free(s);
     } else {
       if (first == GPUMEM_OK) first = st;
-      if (block_reserve(p, 1) != 0) {
-        free(s); /* no host memory to keep track of it: it is lost to this pool */
-      } else {
+      s->head = NULL;
+      s->empty = 0;
+      s->prev = NULL;
+      s->next = p->segs;
+      if (p->segs != NULL) p->segs->prev = s;
+      p->segs = s;
+      /* one READY block; an expandable one also keeps the ranges its failed unmaps left aliased out of use */
+      int kept = 0;
+      if (s->kind == SEG_VM) {
+        kept = gpumem__vm_keep_seg(p, s) == 0;
+      } else if (block_reserve(p, 1) == 0) {
         gpumem__block *b = block_new(p);
         b->addr = s->base;
         b->size = s->size;
         b->seg = s;
         s->head = b;
-        s->empty = 0;
-        s->prev = NULL;
-        s->next = p->segs;
-        if (p->segs != NULL) p->segs->prev = s;
-        p->segs = s;
+        idx_insert(p, p->ready, b);
+        kept = 1;
+      }
+      if (!kept) {
+        gpumem__seg_unlink(p, s);
+        free(s); /* no host memory to keep track of it: it is lost to this pool */
+      } else {
         p->st.reserved_bytes += s->kind == SEG_VM ? gpumem__vm_space_mapped(s->vm) : s->size;
         p->st.num_segments++;
-        idx_insert(p, p->ready, b);
       }
     }
     s = n;
@@ -871,7 +880,9 @@ void gpumem__pool_destroy(gpumem__pool *p) {
   gpumem__mutex_lock(&p->lock);
   if (p->segs != NULL) (void)gpumem__be_device_synchronize(p->ctx, p->device);
   if (pool_clear_locked(p) != GPUMEM_OK) {
-    /* the backend refused some frees: try once more, then they are lost */
+    /* the backend refused some frees: try once more, then they are lost (parked ranges first: their
+     * records go, and their aliases get one more unmap) */
+    gpumem__deferred_clear(p);
     gpumem__segment *s = p->segs;
     while (s != NULL) {
       gpumem__segment *n = s->next;

@@ -298,6 +298,9 @@ void gpumem__deferred_clear(gpumem__pool *p);
  * whose memory was lent (it waits there until the event completed). */
 gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream);
 void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d);
+/* A parked lent free with no event, for a range whose alias a reset could not unmap (gpumem__vm_keep_seg;
+ * parked by gpumem__lend_park, given back unused by free()); NULL without host memory. */
+gpumem__deferred *gpumem__park_rec_new(void);
 void gpumem__lend_park(gpumem__pool *p, gpumem__deferred *d, gpumem__block *b);
 
 /* trim.c: when and how cached memory goes back */
@@ -312,6 +315,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
                                       gpumem__block **out);
 gpumem_status gpumem__vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released);
 gpumem_status gpumem__vm_clear(gpumem__pool *p);
+int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s);
 
 /* pool.c: gpumem__pool_largest_free with the pool lock held (the out-of-memory report) */
 uint64_t gpumem__pool_largest_free_locked(const gpumem__pool *p);

@@ -847,6 +847,17 @@ gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream) {
   return d;
 }
 
+gpumem__deferred *gpumem__park_rec_new(void) {
+  gpumem__deferred *d = malloc(sizeof *d);
+  if (d == NULL) return NULL;
+  d->nev = 0; /* no event: a device synchronisation (DEFER_SYNCED) lets it go */
+  d->own = 0;
+  d->lent = 1;
+  d->b = NULL;
+  d->stream = NULL;
+  return d;
+}
+
 void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d) {
   ev_put(p, d->ev[0]);
   free(d);

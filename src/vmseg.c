@@ -539,8 +539,23 @@ void gpumem__vm_space_clear_busy(gpumem__vmspace *vs) {
     vmchunk *c = &vp->ch[i];
     if (c->vs != vs) continue;
     c->nbusy = 0;
-    if (!c->idle) idle_push(vp, i);
+    if (!c->idle && !c->lent) idle_push(vp, i); /* a lent chunk is never idle: its alias may still map it */
   }
+}
+
+int gpumem__vm_next_alias(const gpumem__vmspace *vs, uintptr_t from, uintptr_t *addr, size_t *size) {
+  const gpumem__vmpool *vp = vs->vp;
+  if (vp->nalias == 0 || from >= vs->base + (uintptr_t)vs->n * vp->gran) return 0;
+  const uint32_t g0 = from <= vs->base ? 0 : (uint32_t)((from - vs->base + vp->gran - 1) / vp->gran);
+  uint32_t best = NIL;
+  for (uint32_t i = 0; i < vp->nch; i++) {
+    const vmchunk *c = &vp->ch[i];
+    if (c->vs == vs && c->alias && c->start >= g0 && (best == NIL || c->start < vp->ch[best].start)) best = i;
+  }
+  if (best == NIL) return 0;
+  *addr = (uintptr_t)gaddr(vs, vp->ch[best].start);
+  *size = (size_t)vp->ch[best].len * vp->gran;
+  return 1;
 }
 
 gpumem_status gpumem__vm_space_close(gpumem__vmspace *vs) {

@@ -73,6 +73,9 @@ uint32_t gpumem__vm_lend(gpumem__vmspace *dst, uintptr_t daddr, size_t dsize, gp
 /** Unmaps the alias mappings gpumem__vm_lend left in [addr, addr+size) (the device has passed their
  * use). GPUMEM_OK, or the first unmap error (those aliases stay; a later call retries). */
 gpumem_status gpumem__vm_unlend(gpumem__vmspace *vs, uintptr_t addr, size_t size);
+/** The lowest alias (a lending's first mapping, gpumem__vm_lend) of vs that starts at or above address
+ * `from`: 1 with its range in *addr and *size, 0 when there is none. O(chunks). */
+int gpumem__vm_next_alias(const gpumem__vmspace *vs, uintptr_t from, uintptr_t *addr, size_t *size);
 /** The allowance above the live peak back to 0 (trim, a full device): new memory stays within the peak. */
 void gpumem__vm_allowance_reset(gpumem__vmpool *vp);
 /** The pool has seen a second stream (several = 1): the allowance rises at its slower rate from now on
