@@ -1,8 +1,8 @@
 /* fuzz_ops.c: libFuzzer harness for libgpumem on the sim backend.
  *
  * The input is decoded into a configuration (first 2 bytes) and a sequence of
- * operations: alloc, free, double/interior/foreign free, trim, reset, scope
- * begin/alloc/end, buffers, stream switches, delayed-event mode and stream
+ * operations: alloc, free (one in eight after gpumem_record_stream on one or
+ * two streams), double/interior/foreign free, trim, reset, scope begin/alloc/end, buffers, stream switches, delayed-event mode and stream
  * completion, fault injection (gpumem_sim_fail_nth) and clearing, external
  * device usage, absurd sizes. Every operation is checked against a reference
  * model of the live blocks:
@@ -389,8 +389,8 @@ static void op_alloc(reader *r, int tagged) {
 }
 
 static void op_free(reader *r) {
-  unsigned k = u8(r);
-  gpumem_stream st = g_streams[u8(r) % NSTREAMS];
+  unsigned k = u8(r), ks = u8(r);
+  gpumem_stream st = g_streams[ks % NSTREAMS];
   int i = pick(k, OWN_PLAIN, -1);
   if (i < 0) {
     gpumem_status s = gpumem_free(W.ctx, NULL, st);
@@ -398,6 +398,17 @@ static void op_free(reader *r) {
     return;
   }
   CHECK(stamp_ok(&W.b[i]), "block %d (%p, %zu bytes) lost its contents before free", i, W.b[i].p, W.b[i].n);
+  if ((ks >> 4) == 0xA || (ks >> 4) == 0xB) {
+    /* one free in eight (by the stream byte's high bits, which older inputs rarely set): the block is
+     * first noted on one or two streams (gpumem_record_stream), so its free parks it behind their events */
+    gpumem_status s = gpumem_record_stream(W.ctx, W.b[i].p, g_streams[(ks >> 2) % NSTREAMS]);
+    TRACE("record_stream(%p, %p) = %s\n", W.b[i].p, g_streams[(ks >> 2) % NSTREAMS], SN(s));
+    CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
+    if (ks & 0x10) {
+      s = gpumem_record_stream(W.ctx, W.b[i].p, g_streams[((ks >> 2) + 1) % NSTREAMS]);
+      CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
+    }
+  }
   gpumem_status s = gpumem_free(W.ctx, W.b[i].p, st);
   TRACE("free(%p [%zu, dev %d], stream %p) = %s\n", W.b[i].p, W.b[i].n, W.b[i].dev, st, SN(s));
   CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "free(%p): %s", W.b[i].p, SN(s));
