@@ -301,6 +301,8 @@ void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d);
 /* A parked lent free with no event, for a range whose alias a reset could not unmap (gpumem__vm_keep_seg;
  * parked by gpumem__lend_park, given back unused by free()); NULL without host memory. */
 gpumem__deferred *gpumem__park_rec_new(void);
+/* 1 when b is parked as a lending's donor (its aliases may be partly unmapped); for the invariant check. */
+int gpumem__deferred_lent(const gpumem__pool *p, const gpumem__block *b);
 void gpumem__lend_park(gpumem__pool *p, gpumem__deferred *d, gpumem__block *b);
 
 /* trim.c: when and how cached memory goes back */

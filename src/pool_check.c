@@ -22,7 +22,8 @@ static void failed(const char *what) {
 gpumem_status gpumem__vm_check_seg(gpumem__pool *p, gpumem__segment *s) {
   if (gpumem__vm_check_begin(s->vm) != 0) return GPUMEM_OK; /* no host memory to check with */
   for (gpumem__block *b = s->head; b != NULL; b = b->next)
-    if (b->idx == NULL || b->idx->kind != IDX_READY) gpumem__vm_check_add(s->vm, b->addr, b->size);
+    if (b->idx == NULL || b->idx->kind != IDX_READY)
+      gpumem__vm_check_add(s->vm, b->addr, b->size, b->idx == &p->deferred_set && gpumem__deferred_lent(p, b));
   const char *why = gpumem__vm_check_end(s->vm);
   if (why == NULL) return GPUMEM_OK;
   failed(why); /* (a literal: it outlives the call) */

@@ -914,6 +914,12 @@ void gpumem__poll_deferred(gpumem__pool *p, int how) {
   }
 }
 
+int gpumem__deferred_lent(const gpumem__pool *p, const gpumem__block *b) {
+  for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next)
+    if (d->b == b) return d->lent;
+  return 0;
+}
+
 /* Reset and destroy: parked frees are dropped with every other block. */
 void gpumem__deferred_clear(gpumem__pool *p) {
   while (p->deferred != NULL) {

@@ -1019,7 +1019,11 @@ int gpumem__vm_check_begin(gpumem__vmspace *vs) {
   return vs->chk != NULL ? 0 : -1;
 }
 
-void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size) {
+/* chk[g]: the busy bytes the caller counted, and this bit where a parked lent block may have lost the
+ * mapping (granule sizes stay far below it) */
+#define CHK_UNMAPPED_OK 0x80000000u
+
+void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size, int unmapped_ok) {
   if (vs->chk == NULL || size == 0) return;
   size_t gs = vs->vp->gran;
   uintptr_t off = addr - vs->base, end = off + size;
@@ -1028,6 +1032,7 @@ void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size) {
     if (lo < off) lo = off;
     if (hi > end) hi = end;
     vs->chk[g] += (uint32_t)(hi - lo);
+    if (unmapped_ok) vs->chk[g] |= CHK_UNMAPPED_OK;
   }
 }
 
@@ -1036,8 +1041,9 @@ const char *gpumem__vm_check_end(gpumem__vmspace *vs) {
   gpumem__vmpool *vp = vs->vp;
   size_t mapped = 0;
   for (uint32_t g = 0; g < vs->n; g++) {
-    if (vs->chk[g] != vs->busy[g]) return "busy bytes of a granule differ from its live and not-READY blocks";
-    if (vs->busy[g] != 0 && vs->cid[g] == NIL) return "a granule under a live or not-READY block is not mapped";
+    if ((vs->chk[g] & ~CHK_UNMAPPED_OK) != vs->busy[g]) return "busy bytes of a granule differ from its live and not-READY blocks";
+    if (vs->busy[g] != 0 && vs->cid[g] == NIL && !(vs->chk[g] & CHK_UNMAPPED_OK))
+      return "a granule under a live or not-READY block is not mapped";
     if (((vs->idleb[g >> 6] >> (g & 63)) & 1) != (vs->busy[g] == 0)) return "idle bit map";
     if (((vs->unmb[g >> 6] >> (g & 63)) & 1) != (vs->cid[g] == NIL)) return "unmapped bit map";
     if (vs->cid[g] == NIL) continue;

@@ -315,9 +315,12 @@ gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *
  * Check the granule map against the busy bytes recomputed by the caller:
  * call gpumem__vm_check_begin, gpumem__vm_check_add for every busy block,
  * then gpumem__vm_check_end (returns 0 when consistent, else a message).
+ * Every busy granule must be mapped, but where unmapped_ok: a parked lent
+ * block whose aliases were partly unmapped (an unlend that failed half-way
+ * keeps the block parked, out of every use, until it is retried).
  */
 int gpumem__vm_check_begin(gpumem__vmspace *vs);
-void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size);
+void gpumem__vm_check_add(gpumem__vmspace *vs, uintptr_t addr, size_t size, int unmapped_ok);
 const char *gpumem__vm_check_end(gpumem__vmspace *vs);
 
 #endif /* GPUMEM_VMSEG_H */

@@ -231,6 +231,42 @@ static void test_lend_trim_pending(void **state) {
   scene_end(&s);
 }
 
+/* The stream's work done, a trim unmaps the lending block's old mappings, and the second unmap fails:
+ * the block stays parked (its range serves nobody, though part of it is no longer mapped) until a
+ * later synchronisation unmaps the rest; then it is READY and nothing is lost. */
+static void test_lend_unlend_fails_half_way(void **state) {
+  (void)state;
+  scene s;
+  scene_begin(&s);
+  assert_status(gpumem_alloc(s.ctx, 0, 256 * MIB, SA, &s.r), GPUMEM_OK);
+  assert_true(reserved(s.ctx) - s.held_before < 256 * MIB); /* it lent */
+  gpumem_sim_complete_all();
+  uint64_t maps0 = gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP);
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MAP, 2, GPUMEM_SIM_ERR_INJECTED, 0), GPUMEM_OK);
+  uint64_t released = 0;
+  gpumem_status st = gpumem_trim(s.ctx, 0, 0, &released);
+  assert_true(st == GPUMEM_OK || st == GPUMEM_ERR_BACKEND);
+  gpumem_sim_fail_clear();
+  assert_true(gpumem_sim_call_count(GPUMEM_SIM_CALL_MAP) >= maps0 + 2); /* the failed unmap was made */
+  check_held(s.ctx);
+  void *q[4];
+  for (int i = 0; i < 4; i++) {
+    assert_status(gpumem_alloc(s.ctx, 0, 32 * MIB, i % 2 ? SB : SA, &q[i]), GPUMEM_OK);
+    assert_false(overlaps(q[i], 32 * MIB, s.p, 128 * MIB));
+    check_held(s.ctx);
+  }
+  for (int i = 0; i < 4; i++) assert_status(gpumem_free(s.ctx, q[i], i % 2 ? SB : SA), GPUMEM_OK);
+  /* a synchronising trim with the backend working: the rest is unmapped, the range is READY */
+  assert_status(gpumem_trim(s.ctx, 0, 0, &released), GPUMEM_OK);
+  check_held(s.ctx);
+  assert_int_equal(reserved(s.ctx), 64 * MIB + 256 * MIB + 64 * MIB);
+  void *w;
+  assert_status(gpumem_alloc(s.ctx, 0, 128 * MIB, SB, &w), GPUMEM_OK);
+  check_held(s.ctx);
+  assert_status(gpumem_free(s.ctx, w, SB), GPUMEM_OK);
+  scene_end(&s);
+}
+
 /* A reset while the lending block waits, every unmap failing: the pool keeps its space (the reset
  * itself succeeds: every allocation is invalidated, the memory stays cached). The lending block's
  * range still maps the memory now mapped under r's old range as well: it must serve no allocation
@@ -302,6 +338,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lend_no_event, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_lend_map_fails, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_lend_trim_pending, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_lend_unlend_fails_half_way, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_lend_reset_unmap_fails, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_lend_reset_then_destroy_unmap_fails, tu_setup, tu_teardown),
   };
