@@ -22,6 +22,9 @@
  *     has handed out, the ALL_DEVICES sum equals the per-device stats;
  *   - at the end everything is freed, destroy(ctx, 0) succeeds and the sim has
  *     0 bytes handed out.
+ *   - in a build with -DGPUMEM_DEBUG_CHECKS=ON, the pool's own invariant checks
+ *     after every allocation and free (slower, and deeper: the granule maps,
+ *     idle lists and free indexes of expandable segments).
  * A violation prints what and where, then __builtin_trap().
  *
  * Build: fuzz/CMakeLists.txt (clang, -fsanitize=fuzzer,address,undefined), or
@@ -245,7 +248,13 @@ static int pick(unsigned k, int owner, int dev) {
 /* ---------------------------------------------------------------------- */
 /* Stats                                                                   */
 
+/* the pool's invariant checks (src/pool_check.c), which a GPUMEM_DEBUG_CHECKS build runs after every
+ * allocation and free and counts when they fail (other builds never run them: the count stays 0) */
+uint64_t gpumem__invariant_failures(const char **last);
+
 static void check_stats(void) {
+  const char *why = NULL;
+  CHECK(gpumem__invariant_failures(&why) == 0, "pool invariant violated: %s", why != NULL ? why : "?");
   gpumem_stats sum;
   memset(&sum, 0, sizeof sum);
   for (int d = 0; d < DEVS; d++) {
