@@ -103,11 +103,12 @@ GPUMEM__POOL_LOCAL gpumem__block *tlsf_find(gpumem__tlsf *t, size_t size) {
   return NULL;
 }
 
-GPUMEM__POOL_LOCAL int block_reserve(gpumem__pool *p, int n) {
-  int have = 0;
+GPUMEM__POOL_LOCAL int block_reserve(gpumem__pool *p, size_t n) {
+  size_t have = 0;
   for (gpumem__block *b = p->bfree; b != NULL && have < n; b = b->next) have++;
-  if (have >= n) return 0;
-  return gpumem__block_slab_add(p);
+  for (; have < n; have += SLAB_N) /* a slab at a time: SLAB_N more blocks each */
+    if (gpumem__block_slab_add(p) != 0) return -1;
+  return 0;
 }
 
 /* Caller reserved one first. */

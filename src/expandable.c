@@ -552,14 +552,7 @@ int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
   size_t n = 0, k = 0;
   for (uintptr_t at = s->base; at < end && gpumem__vm_next_alias(s->vm, at, &a, &n) && a < end; at = a + n) k++;
   gpumem__deferred **recs = k > 0 ? calloc(k, sizeof *recs) : NULL;
-  int ok = k == 0 || recs != NULL;
-  /* 2k + 1 blocks at most (block_reserve adds one slab at a time) */
-  while (ok) {
-    size_t have = 0;
-    for (gpumem__block *b = p->bfree; b != NULL && have < 2 * k + 1; b = b->next) have++;
-    if (have >= 2 * k + 1) break;
-    ok = gpumem__block_slab_add(p) == 0;
-  }
+  int ok = (k == 0 || recs != NULL) && block_reserve(p, 2 * k + 1) == 0; /* an alias and a gap each, and the rest */
   for (size_t i = 0; ok && i < k; i++) ok = (recs[i] = gpumem__park_rec_new()) != NULL;
   if (!ok) {
     for (size_t i = 0; recs != NULL && i < k; i++) free(recs[i]);
