@@ -13,6 +13,11 @@
  *   - statuses are the ones gpumem.h documents for the function, and
  *     GPUMEM_ERR_BACKEND only while a fault is armed; a failed call leaves its
  *     out-parameter untouched and changes no block;
+ *   - stream order: before each free the harness queues a work item that uses
+ *     the block on the freeing stream and on each noted stream
+ *     (gpumem_sim_stream_submit); a later allocation that gets any of that
+ *     memory on another stream while such an item is still pending on the sim
+ *     (delayed mode) is a violation (order_check);
  *   - after a free the pointer is invalid (a second free gives
  *     GPUMEM_ERR_INVALID_POINTER, ptr_info too); a reset invalidates every
  *     block of the device;
@@ -30,7 +35,8 @@
  * Build: fuzz/CMakeLists.txt (clang, -fsanitize=fuzzer,address,undefined), or
  * with -DFUZZ_STANDALONE for a plain main() that runs files/directories given
  * as arguments, or random inputs: `fuzz_ops_standalone -random N [SEED]`.
- * At exit it prints "fuzz_ops: N inputs, M operations" (operations counted
+ * At exit it prints "fuzz_ops: N inputs, M operations" and how many allocations
+ * got memory freed with work queued (operations counted
  * over every input run in the process).
  */
 #include <gpumem.h>
@@ -112,6 +118,7 @@ typedef struct mblock {
   int dev;
   uint64_t tag;
   int owner, owner_ix;
+  gpumem_stream st; /* allocated on: the block is ready for work queued there */
 } mblock;
 
 typedef struct mscope {
@@ -228,6 +235,132 @@ static void model_drop(int k) {
   W.b[k].p = NULL;
 }
 
+/* ---------------------------------------------------------------------- */
+/* Stream order                                                            */
+
+/* The harness uses each block as a caller would: before freeing it, it queues a work item that uses
+ * the block on the freeing stream and on every stream noted by gpumem_record_stream
+ * (gpumem_sim_stream_submit; in delayed mode the item stays pending until the sim completes it).
+ * Every free leaves a record of those items, and every allocation is checked against the records of
+ * the memory it got: a block freed on stream S may serve S at once, another stream only once S's item
+ * has completed; a noted stream's item must have completed before any other stream gets it
+ * (DESIGN, "Allocation"; the library is stricter, waiting for noted streams' items on S too). A
+ * record whose items all completed is dropped. */
+#define MAXPEND 128
+typedef struct pend {
+  int used, dev, ns;
+  uintptr_t a;
+  size_t n;
+  gpumem_stream s[3]; /* s[0]: the freeing stream; then the noted ones */
+  uint64_t t[3];
+} pend;
+static pend g_pend[MAXPEND];
+static unsigned g_pend_next;
+static unsigned long long g_order_checks, g_order_pending;
+
+static int item_done(int dev, gpumem_stream st, uint64_t t) {
+  int done = 0;
+  gpumem_status s = gpumem_sim_stream_done(dev, st, t, &done);
+  CHECK(s == GPUMEM_OK, "sim_stream_done: %s", SN(s));
+  return done;
+}
+
+static int pend_all_done(const pend *q) {
+  for (int i = 0; i < q->ns; i++)
+    if (!item_done(q->dev, q->s[i], q->t[i])) return 0;
+  return 1;
+}
+
+static int stream_ix(gpumem_stream st) {
+  for (int i = 0; i < NSTREAMS; i++)
+    if (g_streams[i] == st) return i;
+  die(__LINE__, "stream %p is not one of the harness's", st);
+}
+
+/* What the caller's work on each stream of a device is ordered after on the device: g_vc[dev][u][x], the
+ * last item of stream x that stream u's later work follows (its own, or through waits). Kept across
+ * inputs, as the sim's streams are. */
+static uint64_t g_vc[DEVS][NSTREAMS][NSTREAMS];
+
+/* The caller orders stream u's later work after the work queued on stream a so far (as with
+ * cudaStreamWaitEvent), or, when the sim has no room for one more wait, synchronises a. */
+static void user_wait(int dev, gpumem_stream u, gpumem_stream a) {
+  const int iu = stream_ix(u), ia = stream_ix(a);
+  if (iu == ia) return;
+  gpumem_status s = gpumem_sim_stream_wait(dev, u, a);
+  if (s == GPUMEM_ERR_OUT_OF_MEMORY) {
+    gpumem_sim_stream_complete(dev, a);
+    return;
+  }
+  CHECK(s == GPUMEM_OK, "sim_stream_wait: %s", SN(s));
+  for (int x = 0; x < NSTREAMS; x++)
+    if (g_vc[dev][ia][x] > g_vc[dev][iu][x]) g_vc[dev][iu][x] = g_vc[dev][ia][x];
+}
+
+/* One work item of the caller's on stream u (a kernel using a block). */
+static uint64_t user_submit(int dev, gpumem_stream u) {
+  uint64_t t = 0;
+  gpumem_status s = gpumem_sim_stream_submit(dev, u, &t);
+  CHECK(s == GPUMEM_OK, "sim_stream_submit: %s", SN(s));
+  g_vc[dev][stream_ix(u)][stream_ix(u)] = t;
+  return t;
+}
+
+/* The caller's last uses of block b before it is freed on stream st: a work item on st and on each noted
+ * stream, each first ordered after the block's own stream (the block is ready for work there; a caller
+ * who uses it elsewhere orders that work after it). Returns the record's slot (kept only if the free
+ * succeeds: pend_commit). */
+static int pend_uses(const mblock *b, gpumem_stream st, const gpumem_stream *noted, int nnoted) {
+  int k = -1;
+  for (unsigned i = 0; i < MAXPEND && k < 0; i++) {
+    unsigned j = (g_pend_next + i) % MAXPEND;
+    if (!g_pend[j].used || pend_all_done(&g_pend[j])) k = (int)j;
+  }
+  if (k < 0) k = (int)(g_pend_next % MAXPEND); /* all pending: the oldest slot is reused (coverage lost, no false alarm) */
+  g_pend_next = (unsigned)k + 1;
+  pend *q = &g_pend[k];
+  memset(q, 0, sizeof *q);
+  q->dev = b->dev;
+  q->a = (uintptr_t)b->p;
+  q->n = b->n;
+  for (int i = -1; i < nnoted; i++) {
+    gpumem_stream u = i < 0 ? st : noted[i];
+    if (i >= 0 && u == st) continue;
+    user_wait(b->dev, u, b->st);
+    q->s[q->ns] = u;
+    q->t[q->ns] = user_submit(b->dev, u);
+    q->ns++;
+  }
+  return k;
+}
+
+static void pend_commit(int k, int freed) { g_pend[k].used = freed; }
+
+/* A new block [p, p + n) on stream st of dev: no work the caller queued on its memory before a free is
+ * still pending on another stream. */
+static void order_check(int dev, const void *p, size_t n, gpumem_stream st) {
+  const uintptr_t a = (uintptr_t)p;
+  for (int j = 0; j < MAXPEND; j++) {
+    pend *q = &g_pend[j];
+    if (!q->used) continue;
+    if (q->dev != dev || a + n <= q->a || q->a + q->n <= a) continue;
+    g_order_checks++;
+    int waited = 0;
+    for (int i = 0; i < q->ns; i++) {
+      if (item_done(dev, q->s[i], q->t[i])) continue;
+      waited = 1;
+      /* still running: only work ordered before st's new work on the device may be (st's own, or
+       * one st waits for) */
+      CHECK(q->s[i] == st || g_vc[dev][stream_ix(st)][stream_ix(q->s[i])] >= q->t[i],
+            "new block %p+%zu on stream %p (device %d) overlaps %p+%zu, freed on stream %p, whose %s stream %p has not "
+            "completed the work queued before the free (item %llu)", p, n, st, dev, (void *)q->a, q->n, q->s[0],
+            i == 0 ? "freeing" : "noted", q->s[i], (unsigned long long)q->t[i]);
+    }
+    g_order_pending += waited;
+    if (!waited) q->used = 0;
+  }
+}
+
 static int count_live(int dev, int owner) {
   int c = 0;
   for (int i = 0; i < MAXB; i++)
@@ -334,8 +467,10 @@ static int oom_cb(void *user, int device, size_t requested) {
   for (int i = 0; i < MAXB && freed < W.oom_cb_frees; i++) {
     if (!W.b[i].p || W.b[i].dev != device || W.b[i].owner != OWN_PLAIN) continue;
     CHECK(stamp_ok(&W.b[i]), "block %d damaged (seen in OOM callback)", i);
+    int pk = pend_uses(&W.b[i], NULL, NULL, 0);
     gpumem_status s = gpumem_free(W.ctx, W.b[i].p, NULL);
     CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "free in OOM callback: %s", SN(s));
+    pend_commit(pk, s == GPUMEM_OK);
     if (s == GPUMEM_OK) {
       model_drop(i);
       freed++;
@@ -394,7 +529,8 @@ static void op_alloc(reader *r, int tagged) {
     return;
   }
   CHECK(!absurd || n <= DEV_CAP, "absurd size %zu succeeded", n);
-  model_add(p, n, dev, OWN_PLAIN, 0);
+  order_check(dev, p, n, st);
+  W.b[model_add(p, n, dev, OWN_PLAIN, 0)].st = st;
 }
 
 static void op_free(reader *r) {
@@ -407,20 +543,26 @@ static void op_free(reader *r) {
     return;
   }
   CHECK(stamp_ok(&W.b[i]), "block %d (%p, %zu bytes) lost its contents before free", i, W.b[i].p, W.b[i].n);
+  gpumem_stream noted[2];
+  int nnoted = 0;
   if ((ks >> 4) == 0xA || (ks >> 4) == 0xB) {
     /* one free in eight (by the stream byte's high bits, which older inputs rarely set): the block is
      * first noted on one or two streams (gpumem_record_stream), so its free parks it behind their events */
-    gpumem_status s = gpumem_record_stream(W.ctx, W.b[i].p, g_streams[(ks >> 2) % NSTREAMS]);
-    TRACE("record_stream(%p, %p) = %s\n", W.b[i].p, g_streams[(ks >> 2) % NSTREAMS], SN(s));
+    noted[nnoted++] = g_streams[(ks >> 2) % NSTREAMS];
+    gpumem_status s = gpumem_record_stream(W.ctx, W.b[i].p, noted[0]);
+    TRACE("record_stream(%p, %p) = %s\n", W.b[i].p, noted[0], SN(s));
     CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
     if (ks & 0x10) {
-      s = gpumem_record_stream(W.ctx, W.b[i].p, g_streams[((ks >> 2) + 1) % NSTREAMS]);
+      noted[nnoted++] = g_streams[((ks >> 2) + 1) % NSTREAMS];
+      s = gpumem_record_stream(W.ctx, W.b[i].p, noted[1]);
       CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
     }
   }
+  int pk = pend_uses(&W.b[i], st, noted, nnoted);
   gpumem_status s = gpumem_free(W.ctx, W.b[i].p, st);
   TRACE("free(%p [%zu, dev %d], stream %p) = %s\n", W.b[i].p, W.b[i].n, W.b[i].dev, st, SN(s));
   CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "free(%p): %s", W.b[i].p, SN(s));
+  pend_commit(pk, s == GPUMEM_OK);
   if (s == GPUMEM_OK) {
     void *p = W.b[i].p;
     model_drop(i);
@@ -578,15 +720,21 @@ static void op_scope_alloc(reader *r) {
     CHECK(p == NULL, "scope_alloc of 0 gave %p", p);
     return;
   }
-  model_add(p, n, W.sc[j].dev, OWN_SCOPE, j);
+  order_check(W.sc[j].dev, p, n, W.sc[j].st);
+  W.b[model_add(p, n, W.sc[j].dev, OWN_SCOPE, j)].st = W.sc[j].st;
   W.sc[j].nblocks++;
 }
 
 static void end_scope(int j, int after_reset) {
   mscope *m = &W.sc[j];
-  for (int i = 0; i < MAXB; i++)
-    if (W.b[i].p && W.b[i].owner == OWN_SCOPE && W.b[i].owner_ix == j && !after_reset)
+  int pk[MAXB];
+  for (int i = 0; i < MAXB; i++) {
+    pk[i] = -1;
+    if (W.b[i].p && W.b[i].owner == OWN_SCOPE && W.b[i].owner_ix == j && !after_reset) {
       CHECK(stamp_ok(&W.b[i]), "scope block %d damaged before scope_end", i);
+      pk[i] = pend_uses(&W.b[i], m->st, NULL, 0);
+    }
+  }
   gpumem_status s = gpumem_scope_end(m->s);
   TRACE("scope_end(%d, after_reset %d) = %s\n", j, after_reset, SN(s));
   if (after_reset)
@@ -597,6 +745,7 @@ static void end_scope(int j, int after_reset) {
   for (int i = 0; i < MAXB; i++) {
     if (!W.b[i].p || W.b[i].owner != OWN_SCOPE || W.b[i].owner_ix != j) continue;
     gpumem_status q = gpumem_ptr_info(W.ctx, W.b[i].p, NULL, NULL);
+    if (pk[i] >= 0) pend_commit(pk[i], q != GPUMEM_OK);
     if (q == GPUMEM_OK) {
       /* only a failed free may leave a block live; it becomes the caller's */
       CHECK(s != GPUMEM_OK && !after_reset, "block %d still live after scope_end (%s)", i, SN(s));
@@ -622,10 +771,12 @@ static void op_buffer(reader *r) {
   if (b->bix >= 0) { /* release */
     CHECK(stamp_ok(&W.b[b->bix]), "buffer block damaged");
     void *p = b->b.ptr;
+    int pk = pend_uses(&W.b[b->bix], b->b.stream, NULL, 0);
     gpumem_buffer_release(&b->b);
     CHECK(b->b.ptr == NULL && b->b.ctx == NULL && b->b.size == 0, "buffer not zeroed by release");
     gpumem_buffer_release(&b->b); /* twice is harmless */
     gpumem_status q = gpumem_ptr_info(W.ctx, p, NULL, NULL);
+    pend_commit(pk, q != GPUMEM_OK);
     if (q == GPUMEM_OK) {
       CHECK(W.armed, "buffer release left the block live with no fault armed");
       W.b[b->bix].owner = OWN_PLAIN; /* its free failed: the block is still ours */
@@ -657,7 +808,9 @@ static void op_buffer(reader *r) {
   }
   CHECK(nb.ctx == W.ctx && nb.size == n && nb.device == dev && nb.stream == st, "buffer fields wrong");
   b->b = nb;
+  order_check(dev, nb.ptr, n, st);
   b->bix = model_add(nb.ptr, n, dev, OWN_BUF, j);
+  W.b[b->bix].st = st;
 }
 
 static void op_fault(reader *r) {
@@ -734,6 +887,7 @@ static void run_input(const uint8_t *data, size_t size) {
   reader rd = {data, size, 0};
   reader *r = &rd;
   memset(&W, 0, sizeof W);
+  memset(g_pend, 0, sizeof g_pend);
   for (int j = 0; j < MAXBUF; j++) W.buf[j].bix = -1;
   g_inputs++;
   g_cur_op = -1;
@@ -835,8 +989,9 @@ static void run_input(const uint8_t *data, size_t size) {
 
 static void report(void) {
   fprintf(stderr,
-          "fuzz_ops: %llu inputs, %llu operations (%llu allocs, %llu frees, %llu resets succeeded; %llu faults armed, %llu OOM)\n",
-          g_inputs, g_ops, g_allocs_ok, g_frees_ok, g_resets_ok, g_faults, g_ooms);
+          "fuzz_ops: %llu inputs, %llu operations (%llu allocs, %llu frees, %llu resets succeeded; %llu faults armed, %llu OOM; "
+          "%llu allocations over memory freed with work queued, %llu of them with that work still running, ordered before theirs)\n",
+          g_inputs, g_ops, g_allocs_ok, g_frees_ok, g_resets_ok, g_faults, g_ooms, g_order_checks, g_order_pending);
 }
 
 static void setup(void) {
@@ -922,11 +1077,19 @@ int main(int argc, char **argv) {
     unsigned long long n = strtoull(argv[2], NULL, 10);
     uint64_t x = argc >= 4 ? strtoull(argv[3], NULL, 10) : 1;
     static uint8_t buf[4096];
+    const char *last = getenv("FUZZ_OPS_LAST");
     for (unsigned long long k = 0; k < n; k++) {
       size_t len = 16 + (size_t)(mix64(x + k) % (sizeof buf - 16));
       for (size_t i = 0; i < len; i += 8) {
         uint64_t v = mix64(x * 0x9e3779b97f4a7c15ull + k * 4096 + i);
         memcpy(buf + i, &v, len - i < 8 ? len - i : 8);
+      }
+      if (last != NULL) { /* FUZZ_OPS_LAST=FILE: each input is written there first, so a violating one is kept */
+        FILE *f = fopen(last, "wb");
+        if (f != NULL) {
+          fwrite(buf, 1, len, f);
+          fclose(f);
+        }
       }
       run_input(buf, len);
     }

@@ -801,11 +801,17 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
   }
   free(u);
   if (!ok) {
-    /* no event or no host memory: wait for the device here, then b is free as usual */
+    /* no event or no host memory: wait for the device here, then b is free as usual; if the device
+     * cannot be synchronised either, the noted streams' work may still be running: b is parked
+     * without events until a device synchronisation succeeds (as during a capture) */
     for (uint32_t i = 0; i < k; i++) ev_put(p, d->ev[i]);
-    free(d);
-    (void)gpumem__be_device_synchronize(p->ctx, p->device);
-    return 0;
+    const int synced = gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK;
+    if (synced || d == NULL) { /* (no host memory and no synchronisation: nothing is left to hold it with) */
+      free(d);
+      return 0;
+    }
+    k = 0;
+    n = 0;
   }
   d->own = 0;
   if (n > 0 && ev_get(p, &d->ev[k]) == GPUMEM_OK) { /* the freeing stream's work, up to this free */

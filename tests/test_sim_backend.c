@@ -732,6 +732,74 @@ static void test_stream_wait_event(void **state) {
   gpumem_sim_set_delayed(0);
 }
 
+/* The caller's own work (gpumem_sim_stream_submit, _wait, _done): items complete with their stream's
+ * work, at once unless delayed; a wait orders a stream's later items after another's; bad input. */
+static void test_caller_work(void **state) {
+  (void)state;
+  gpumem_stream A = (gpumem_stream)(uintptr_t)0xA000, B = (gpumem_stream)(uintptr_t)0xB000;
+  uint64_t t = 0, ta = 0, tb = 0;
+  int d = -1;
+  assert_int_equal(gpumem_sim_stream_submit(0, A, &t), GPUMEM_ERR_NO_BACKEND); /* no sim yet */
+  assert_int_equal(gpumem_sim_stream_done(0, A, 1, &d), GPUMEM_ERR_NO_BACKEND);
+  assert_int_equal(gpumem_sim_stream_wait(0, A, B), GPUMEM_ERR_NO_BACKEND);
+  assert_int_equal(sim_up("2x1GiB", NULL), 0);
+  /* immediate mode: done at once */
+  assert_int_equal(gpumem_sim_stream_submit(0, A, &t), GPUMEM_OK);
+  assert_true(t >= 1);
+  assert_int_equal(gpumem_sim_stream_done(0, A, t, &d), GPUMEM_OK);
+  assert_int_equal(d, 1);
+  /* a stream never used has completed ticket 0 only */
+  assert_int_equal(gpumem_sim_stream_done(1, B, 0, &d), GPUMEM_OK);
+  assert_int_equal(d, 1);
+  assert_int_equal(gpumem_sim_stream_done(1, B, 1, &d), GPUMEM_OK);
+  assert_int_equal(d, 0);
+  /* delayed: pending until the stream's work completes */
+  gpumem_sim_set_delayed(1);
+  assert_int_equal(gpumem_sim_stream_submit(0, A, &ta), GPUMEM_OK);
+  assert_int_equal(ta, t + 1);
+  assert_int_equal(gpumem_sim_stream_done(0, A, ta, &d), GPUMEM_OK);
+  assert_int_equal(d, 0);
+  /* B waits for A: completing B completes A's item too, not A's later one */
+  assert_int_equal(gpumem_sim_stream_wait(0, B, A), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_submit(0, A, &t), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_submit(0, B, &tb), GPUMEM_OK);
+  gpumem_sim_stream_complete(0, B);
+  assert_int_equal(gpumem_sim_stream_done(0, B, tb, &d), GPUMEM_OK);
+  assert_int_equal(d, 1);
+  assert_int_equal(gpumem_sim_stream_done(0, A, ta, &d), GPUMEM_OK);
+  assert_int_equal(d, 1);
+  assert_int_equal(gpumem_sim_stream_done(0, A, t, &d), GPUMEM_OK);
+  assert_int_equal(d, 0);
+  /* nothing to wait for: A's work done, or the same stream; the default stream is a stream */
+  gpumem_sim_stream_complete(0, A);
+  assert_int_equal(gpumem_sim_stream_wait(0, B, A), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_wait(0, A, A), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_submit(0, NULL, &t), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_done(0, NULL, t, &d), GPUMEM_OK);
+  assert_int_equal(d, 0);
+  gpumem_sim_complete_all();
+  assert_int_equal(gpumem_sim_stream_done(0, NULL, t, &d), GPUMEM_OK);
+  assert_int_equal(d, 1);
+  /* bad input: nothing changes */
+  d = 7;
+  t = 9;
+  assert_int_equal(gpumem_sim_stream_submit(0, A, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_stream_done(0, A, 1, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_stream_submit(5, A, &t), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(gpumem_sim_stream_done(-1, A, 1, &d), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(gpumem_sim_stream_wait(2, A, B), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(t, 9);
+  assert_int_equal(d, 7);
+  /* a capturing stream queues nothing of the caller's */
+  assert_int_equal(gpumem_sim_stream_begin_capture(0, B, GPUMEM_SIM_CAPTURE_RELAXED), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_submit(0, B, &t), GPUMEM_ERR_BACKEND);
+  assert_int_equal(gpumem_sim_stream_wait(0, B, A), GPUMEM_ERR_BACKEND);
+  assert_int_equal(t, 9);
+  int inv = 1;
+  assert_int_equal(gpumem_sim_stream_end_capture(0, B, &inv), GPUMEM_OK);
+  gpumem_sim_set_delayed(0);
+}
+
 /* Clocked delayed mode: records carry the clock; complete_before completes those made before a
  * clock, per stream in order; a stream keeps at most 1024 records pending; delayed mode off ends it. */
 static void test_events_clocked(void **state) {
@@ -1145,6 +1213,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_events_immediate, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_delayed, setup, teardown),
     cmocka_unit_test_setup_teardown(test_stream_wait_event, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_caller_work, setup, teardown),
     cmocka_unit_test_setup_teardown(test_events_clocked, setup, teardown),
     cmocka_unit_test_setup_teardown(test_device_reset, setup, teardown),
     cmocka_unit_test_setup_teardown(test_vm_roundtrip, setup, teardown),

@@ -176,6 +176,40 @@ static void test_event_failure_waits(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* No event can be recorded on the noted stream and the device cannot be synchronised either: B's
+ * work may still be running, so the block is parked without events; no stream gets it, A included,
+ * until a device synchronisation succeeds (here, a trim's once the faults are gone). */
+static void test_event_and_sync_failure_parks(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  const size_t n = 4 * 1024 * 1024;
+  void *p, *q[2];
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  gpumem_sim_stream_complete(0, SA);
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_EVENT, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_SYNC, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_int_equal(st.num_live, 0);
+  /* B's work pending and no synchronisation possible: A and C are given other memory */
+  for (int i = 0; i < 2; i++) {
+    assert_status(gpumem_alloc(ctx, 0, n, i ? SC : SA, &q[i]), GPUMEM_OK);
+    assert_false(overlaps(p, n, q[i], n));
+  }
+  for (int i = 0; i < 2; i++) assert_status(gpumem_free(ctx, q[i], i ? SC : SA), GPUMEM_OK);
+  gpumem_sim_fail_clear();
+  /* the device can be synchronised again: a trim waits for it, and the parked block is free */
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  st = tu_stats(ctx, 0);
+  assert_int_equal(st.allocated_bytes, 0);
+  assert_int_equal(st.reserved_bytes, 0);
+  gpumem_sim_complete_all();
+  tu_ctx_done(ctx);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
@@ -337,6 +371,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_freeing_stream_noted, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_trim_and_reset_with_noted_blocks, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_event_failure_waits, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_event_and_sync_failure_parks, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_notes, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_noted_block_ready_for_every_stream, tu_setup, tu_teardown),

@@ -76,6 +76,52 @@ GPUMEM_API void gpumem_sim_set_delayed(int on);
 /** \brief Complete all work queued so far on one stream of one device (device -1 = every device). Thread-safe. */
 GPUMEM_API void gpumem_sim_stream_complete(int device, gpumem_stream stream);
 
+/**
+ * \brief Queue one work item on a stream, as a kernel the caller launches there (for instance one that
+ *        uses a block before the block is freed): it completes with the stream's other work
+ *        (at once unless delayed mode is on; see gpumem_sim_set_delayed()).
+ * \param device a visible device ordinal.
+ * \param stream the stream (NULL: the default stream).
+ * \param ticket out: the item's position on the stream, for gpumem_sim_stream_done().
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a NULL `ticket`; ::GPUMEM_ERR_INVALID_DEVICE
+ *         for a device the sim does not show, ::GPUMEM_ERR_NO_BACKEND while no context uses the sim;
+ *         ::GPUMEM_ERR_BACKEND for a stream being captured or
+ *         destroyed (gpumem_sim_stream_destroy()); ::GPUMEM_ERR_OUT_OF_MEMORY without host memory.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_submit(int device, gpumem_stream stream, uint64_t *ticket);
+
+/**
+ * \brief Order a stream's later work after the work queued on another stream so far, as
+ *        cudaStreamWaitEvent on an event recorded on `on` now: the work item this queues on `stream`
+ *        completes only after that work (when `stream`'s work up to it completes, so does `on`'s).
+ *        Nothing is queued when `on`'s work has completed or the streams are the same.
+ * \param device a visible device ordinal.
+ * \param stream the stream whose later work waits (NULL: the default stream).
+ * \param on the stream waited for (NULL: the default stream).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_DEVICE for a device the sim does not show,
+ *         ::GPUMEM_ERR_NO_BACKEND while no context uses the sim; ::GPUMEM_ERR_BACKEND for a stream
+ *         being captured or destroyed; ::GPUMEM_ERR_OUT_OF_MEMORY without host memory or with too many
+ *         waits of `stream` not passed yet.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_wait(int device, gpumem_stream stream, gpumem_stream on);
+
+/**
+ * \brief Whether the work of a stream up to `ticket` (gpumem_sim_stream_submit(), or a position
+ *        counted the same way) has completed: a test's way to tell whether the device may still be
+ *        using memory that work touched.
+ * \param device a visible device ordinal.
+ * \param stream the stream (NULL: the default stream).
+ * \param ticket a position on the stream (gpumem_sim_stream_submit()).
+ * \param done out: 1 if completed, 0 if not (a stream never used has completed ticket 0 only).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a NULL `done`; ::GPUMEM_ERR_NO_BACKEND while no
+ *         context uses the sim; ::GPUMEM_ERR_INVALID_DEVICE for
+ *         a device the sim does not show.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_done(int device, gpumem_stream stream, uint64_t ticket, int *done);
+
 /** \brief Complete all work on every stream of every device. Thread-safe. */
 GPUMEM_API void gpumem_sim_complete_all(void);
 

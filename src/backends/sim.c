@@ -1875,6 +1875,71 @@ GPUMEM_API void gpumem_sim_stream_complete(int device, gpumem_stream stream) {
   pthread_mutex_unlock(&g_lock);
 }
 
+static gpumem_status sim__status_of(int rc);
+
+GPUMEM_API gpumem_status gpumem_sim_stream_submit(int device, gpumem_stream stream, uint64_t *ticket) {
+  int rc = 0;
+  if (ticket == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  sim_stream *s = d != NULL ? sim__stream(d, stream, 1) : NULL;
+  if (d != NULL && s == NULL) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+  if (s != NULL && (s->dead || s->cap_status != GPUMEM_CAPTURE_NONE)) rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  if (rc == 0) {
+    s->submitted++;
+    if (g_ctl.delayed) {
+      sim__stamp(s);
+    } else {
+      s->completed = s->submitted;
+      sim__pull(s);
+    }
+    *ticket = s->submitted;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_wait(int device, gpumem_stream stream, gpumem_stream on) {
+  int rc = 0;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  sim_stream *s = d != NULL ? sim__stream(d, stream, 1) : NULL;
+  sim_stream *o = d != NULL ? sim__stream(d, on, 1) : NULL;
+  if (d != NULL && (s == NULL || o == NULL)) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+  if (rc == 0 && (s->dead || o->dead || s->cap_status != GPUMEM_CAPTURE_NONE || o->cap_status != GPUMEM_CAPTURE_NONE))
+    rc = GPUMEM_SIM_ERR_INVALID_VALUE;
+  if (rc == 0 && s != o && o->completed < o->submitted) { /* as sim_stream_wait_event on an event recorded on `on` now */
+    sim__pull(s);
+    if (s->dep == NULL && (s->dep = calloc(SIM_DEPS, sizeof *s->dep)) == NULL) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else if (s->ndep == SIM_DEPS) {
+      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+    } else {
+      s->submitted++;
+      sim__stamp(s);
+      s->dep[s->ndep].at = s->submitted;
+      s->dep[s->ndep].on = o;
+      s->dep[s->ndep].target = o->submitted;
+      s->ndep++;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_done(int device, gpumem_stream stream, uint64_t ticket, int *done) {
+  int rc = 0;
+  if (done == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d != NULL) {
+    const sim_stream *s = sim__stream(d, stream, 0);
+    *done = s == NULL ? ticket == 0 : s->completed >= ticket;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
 GPUMEM_API void gpumem_sim_complete_all(void) {
   pthread_mutex_lock(&g_lock);
   sim__complete_all_locked();
