@@ -1,6 +1,7 @@
 /* fuzz_ops.c: libFuzzer harness for libgpumem on the sim backend.
  *
- * The input is decoded into a configuration (first 2 bytes) and a sequence of
+ * The input is decoded into a configuration (first 2 bytes: thresholds, limits,
+ * the OOM callback, initial bytes, stream_deps, plain or expandable segments) and a sequence of
  * operations: alloc, free (one in eight after gpumem_record_stream on one or
  * two streams), double/interior/foreign free, trim, reset, scope begin/alloc/end, buffers, stream switches, delayed-event mode and stream
  * completion, fault injection (gpumem_sim_fail_nth) and clearing, external
@@ -271,30 +272,16 @@ static int pend_all_done(const pend *q) {
   return 1;
 }
 
-static int stream_ix(gpumem_stream st) {
-  for (int i = 0; i < NSTREAMS; i++)
-    if (g_streams[i] == st) return i;
-  die(__LINE__, "stream %p is not one of the harness's", st);
-}
-
-/* What the caller's work on each stream of a device is ordered after on the device: g_vc[dev][u][x], the
- * last item of stream x that stream u's later work follows (its own, or through waits). Kept across
- * inputs, as the sim's streams are. */
-static uint64_t g_vc[DEVS][NSTREAMS][NSTREAMS];
-
 /* The caller orders stream u's later work after the work queued on stream a so far (as with
  * cudaStreamWaitEvent), or, when the sim has no room for one more wait, synchronises a. */
 static void user_wait(int dev, gpumem_stream u, gpumem_stream a) {
-  const int iu = stream_ix(u), ia = stream_ix(a);
-  if (iu == ia) return;
+  if (u == a) return;
   gpumem_status s = gpumem_sim_stream_wait(dev, u, a);
   if (s == GPUMEM_ERR_OUT_OF_MEMORY) {
     gpumem_sim_stream_complete(dev, a);
     return;
   }
   CHECK(s == GPUMEM_OK, "sim_stream_wait: %s", SN(s));
-  for (int x = 0; x < NSTREAMS; x++)
-    if (g_vc[dev][ia][x] > g_vc[dev][iu][x]) g_vc[dev][iu][x] = g_vc[dev][ia][x];
 }
 
 /* One work item of the caller's on stream u (a kernel using a block). */
@@ -302,7 +289,6 @@ static uint64_t user_submit(int dev, gpumem_stream u) {
   uint64_t t = 0;
   gpumem_status s = gpumem_sim_stream_submit(dev, u, &t);
   CHECK(s == GPUMEM_OK, "sim_stream_submit: %s", SN(s));
-  g_vc[dev][stream_ix(u)][stream_ix(u)] = t;
   return t;
 }
 
@@ -349,12 +335,14 @@ static void order_check(int dev, const void *p, size_t n, gpumem_stream st) {
     for (int i = 0; i < q->ns; i++) {
       if (item_done(dev, q->s[i], q->t[i])) continue;
       waited = 1;
-      /* still running: only work ordered before st's new work on the device may be (st's own, or
-       * one st waits for) */
-      CHECK(q->s[i] == st || g_vc[dev][stream_ix(st)][stream_ix(q->s[i])] >= q->t[i],
-            "new block %p+%zu on stream %p (device %d) overlaps %p+%zu, freed on stream %p, whose %s stream %p has not "
-            "completed the work queued before the free (item %llu)", p, n, st, dev, (void *)q->a, q->n, q->s[0],
-            i == 0 ? "freeing" : "noted", q->s[i], (unsigned long long)q->t[i]);
+      /* still running: only work that st's new work follows on the device may be (st's own, one st
+       * waits for, directly or through other streams: the caller's waits and the library's) */
+      int ordered = 0;
+      CHECK(gpumem_sim_stream_ordered(dev, st, q->s[i], q->t[i], &ordered) == GPUMEM_OK, "sim_stream_ordered");
+      CHECK(ordered, "new block %p+%zu on stream %p (device %d) overlaps %p+%zu, freed on stream %p, whose %s stream %p "
+            "has not completed the work queued before the free (item %llu), and nothing orders it before the new "
+            "block's stream", p, n, st, dev, (void *)q->a, q->n, q->s[0], i == 0 ? "freeing" : "noted", q->s[i],
+            (unsigned long long)q->t[i]);
     }
     g_order_pending += waited;
     if (!waited) q->used = 0;
@@ -914,11 +902,14 @@ static void run_input(const uint8_t *data, size_t size) {
     W.oom_cb_frees = 1 + (c1 >> 2) % 4;
   }
   if (c0 & 0x80) cfg.initial_bytes = (uint64_t)((c1 >> 4) % 4) * 8 * MiB;
+  cfg.stream_deps = (c1 & 0x40) != 0; /* another stream's pending frees, its later work ordered after theirs */
+  cfg.expandable = (c1 & 0x80) == 0;  /* plain segments */
   gpumem_status s = gpumem_create(&cfg, &W.ctx);
   CHECK(s == GPUMEM_OK, "create: %s", SN(s));
-  TRACE("config: release_threshold %llu trim_free_fraction %.2f limit %llu/%.2f oom_cb %d initial %llu\n",
+  TRACE("config: release_threshold %llu trim_free_fraction %.2f limit %llu/%.2f oom_cb %d initial %llu stream_deps %d "
+        "expandable %d\n",
         (unsigned long long)cfg.release_threshold, cfg.trim_free_fraction, (unsigned long long)cfg.limit_bytes, cfg.limit_fraction,
-        W.oom_cb_frees, (unsigned long long)cfg.initial_bytes);
+        W.oom_cb_frees, (unsigned long long)cfg.initial_bytes, cfg.stream_deps, cfg.expandable);
   gpumem_sim_set_delayed(0);
 
   for (int op = 0; op < MAXOPS && more(r); op++) {

@@ -732,8 +732,9 @@ static void test_stream_wait_event(void **state) {
   gpumem_sim_set_delayed(0);
 }
 
-/* The caller's own work (gpumem_sim_stream_submit, _wait, _done): items complete with their stream's
- * work, at once unless delayed; a wait orders a stream's later items after another's; bad input. */
+/* The caller's own work (gpumem_sim_stream_submit, _wait, _done, _ordered): items complete with their
+ * stream's work, at once unless delayed; a wait orders a stream's later items after another's, through
+ * chains of waits too; bad input. */
 static void test_caller_work(void **state) {
   (void)state;
   gpumem_stream A = (gpumem_stream)(uintptr_t)0xA000, B = (gpumem_stream)(uintptr_t)0xB000;
@@ -742,6 +743,7 @@ static void test_caller_work(void **state) {
   assert_int_equal(gpumem_sim_stream_submit(0, A, &t), GPUMEM_ERR_NO_BACKEND); /* no sim yet */
   assert_int_equal(gpumem_sim_stream_done(0, A, 1, &d), GPUMEM_ERR_NO_BACKEND);
   assert_int_equal(gpumem_sim_stream_wait(0, A, B), GPUMEM_ERR_NO_BACKEND);
+  assert_int_equal(gpumem_sim_stream_ordered(0, A, B, 1, &d), GPUMEM_ERR_NO_BACKEND);
   assert_int_equal(sim_up("2x1GiB", NULL), 0);
   /* immediate mode: done at once */
   assert_int_equal(gpumem_sim_stream_submit(0, A, &t), GPUMEM_OK);
@@ -770,6 +772,31 @@ static void test_caller_work(void **state) {
   assert_int_equal(d, 1);
   assert_int_equal(gpumem_sim_stream_done(0, A, t, &d), GPUMEM_OK);
   assert_int_equal(d, 0);
+  /* ordered: A's pending item is not before B's later work (no wait), it is before A's own and, after
+   * B waits for A and the default stream for B, before the default stream's (a chain) */
+  int o = -1;
+  assert_int_equal(gpumem_sim_stream_ordered(0, B, A, t, &o), GPUMEM_OK);
+  assert_int_equal(o, 0);
+  assert_int_equal(gpumem_sim_stream_ordered(0, A, A, t, &o), GPUMEM_OK);
+  assert_int_equal(o, 1);
+  assert_int_equal(gpumem_sim_stream_wait(0, B, A), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_submit(0, B, &tb), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_ordered(0, NULL, A, t, &o), GPUMEM_OK);
+  assert_int_equal(o, 0);
+  assert_int_equal(gpumem_sim_stream_wait(0, NULL, B), GPUMEM_OK);
+  assert_int_equal(gpumem_sim_stream_ordered(0, B, A, t, &o), GPUMEM_OK);
+  assert_int_equal(o, 1);
+  assert_int_equal(gpumem_sim_stream_ordered(0, NULL, A, t, &o), GPUMEM_OK);
+  assert_int_equal(o, 1);
+  assert_int_equal(gpumem_sim_stream_ordered(0, NULL, A, t + 1, &o), GPUMEM_OK); /* not queued yet */
+  assert_int_equal(o, 0);
+  assert_int_equal(gpumem_sim_stream_ordered(1, B, A, 1, &o), GPUMEM_OK); /* streams device 1 never saw */
+  assert_int_equal(o, 0);
+  assert_int_equal(gpumem_sim_stream_ordered(1, B, A, 0, &o), GPUMEM_OK);
+  assert_int_equal(o, 1);
+  gpumem_sim_stream_complete(0, NULL);
+  assert_int_equal(gpumem_sim_stream_done(0, A, t, &d), GPUMEM_OK);
+  assert_int_equal(d, 1);
   /* nothing to wait for: A's work done, or the same stream; the default stream is a stream */
   gpumem_sim_stream_complete(0, A);
   assert_int_equal(gpumem_sim_stream_wait(0, B, A), GPUMEM_OK);
@@ -788,6 +815,8 @@ static void test_caller_work(void **state) {
   assert_int_equal(gpumem_sim_stream_submit(5, A, &t), GPUMEM_ERR_INVALID_DEVICE);
   assert_int_equal(gpumem_sim_stream_done(-1, A, 1, &d), GPUMEM_ERR_INVALID_DEVICE);
   assert_int_equal(gpumem_sim_stream_wait(2, A, B), GPUMEM_ERR_INVALID_DEVICE);
+  assert_int_equal(gpumem_sim_stream_ordered(0, A, B, 1, NULL), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_stream_ordered(9, A, B, 1, &d), GPUMEM_ERR_INVALID_DEVICE);
   assert_int_equal(t, 9);
   assert_int_equal(d, 7);
   /* a capturing stream queues nothing of the caller's */

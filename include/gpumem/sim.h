@@ -122,6 +122,24 @@ GPUMEM_API gpumem_status gpumem_sim_stream_wait(int device, gpumem_stream stream
  */
 GPUMEM_API gpumem_status gpumem_sim_stream_done(int device, gpumem_stream stream, uint64_t ticket, int *done);
 
+/**
+ * \brief Whether work queued on `stream` from now on runs after `on`'s work up to `ticket`: that
+ *        work has completed, or `stream` is `on`, or `stream` waits for it through waits queued so
+ *        far (gpumem_sim_stream_wait(), or the backend's stream_wait_event as the library uses it),
+ *        directly or through other streams: whether a block that work used may be handed to
+ *        `stream` now without a race on the device.
+ * \param device a visible device ordinal.
+ * \param stream the stream whose later work is asked about (NULL: the default stream).
+ * \param on the stream of the earlier work (NULL: the default stream).
+ * \param ticket a position on `on` (gpumem_sim_stream_submit()).
+ * \param ordered out: 1 if that work is ordered before, 0 if not.
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a NULL `ordered`; ::GPUMEM_ERR_NO_BACKEND while
+ *         no context uses the sim; ::GPUMEM_ERR_INVALID_DEVICE for a device the sim does not show.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_stream_ordered(int device, gpumem_stream stream, gpumem_stream on, uint64_t ticket,
+                                                   int *ordered);
+
 /** \brief Complete all work on every stream of every device. Thread-safe. */
 GPUMEM_API void gpumem_sim_complete_all(void);
 

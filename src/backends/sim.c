@@ -1927,6 +1927,60 @@ GPUMEM_API gpumem_status gpumem_sim_stream_wait(int device, gpumem_stream stream
   return sim__status_of(rc);
 }
 
+/* How far each stream's work is known to run before s's later work: reach[s] is everything of s;
+ * a wait of a stream x made at or before reach[x] carries it to the stream waited for, up to the
+ * position waited for (sim__pull's chains), to a fixed point. Returns o's reach (0 if none). Lock held. */
+static uint64_t sim__reach(sim_device *d, sim_stream *s, const sim_stream *o) {
+  size_t n = 1;
+  for (size_t j = 0; j < d->streams.cap; j++) n += d->streams.keys[j] != 0;
+  sim_stream **st = calloc(n, sizeof *st);
+  uint64_t *reach = calloc(n, sizeof *reach);
+  uint64_t r = 0;
+  if (st != NULL && reach != NULL) {
+    size_t k = 0;
+    st[k++] = &d->default_stream;
+    for (size_t j = 0; j < d->streams.cap && k < n; j++)
+      if (d->streams.keys[j]) st[k++] = (sim_stream *)d->streams.vals[j];
+    for (size_t i = 0; i < n; i++)
+      if (st[i] == s) reach[i] = UINT64_MAX;
+    for (int changed = 1; changed;) {
+      changed = 0;
+      for (size_t i = 0; i < n; i++)
+        for (int q = 0; reach[i] != 0 && q < st[i]->ndep; q++) {
+          const sim_dep *dp = &st[i]->dep[q];
+          if (dp->at > reach[i]) continue;
+          for (size_t m = 0; m < n; m++)
+            if (st[m] == dp->on && reach[m] < dp->target) {
+              reach[m] = dp->target;
+              changed = 1;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+      if (st[i] == o) r = reach[i];
+  }
+  free(st);
+  free(reach);
+  return r;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_stream_ordered(int device, gpumem_stream stream, gpumem_stream on, uint64_t ticket,
+                                                   int *ordered) {
+  int rc = 0;
+  if (ordered == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  sim_device *d = sim__device(device, &rc);
+  if (d != NULL) {
+    sim_stream *s = sim__stream(d, stream, 0);
+    const sim_stream *o = sim__stream(d, on, 0);
+    if (o == NULL) *ordered = ticket == 0;
+    else if (s == NULL) *ordered = o->completed >= ticket;
+    else *ordered = o->completed >= ticket || sim__reach(d, s, o) >= ticket;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return sim__status_of(rc);
+}
+
 GPUMEM_API gpumem_status gpumem_sim_stream_done(int device, gpumem_stream stream, uint64_t ticket, int *done) {
   int rc = 0;
   if (done == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
