@@ -1320,6 +1320,21 @@ static int sim_event_synchronize(gpumem_backend *be, int device, gpumem_event ev
   return rc;
 }
 
+/* s's later work waits for o's up to `target` (not complete, o another stream): a work item on s
+ * whose completion completes o up to there (sim__pull). Lock held. */
+static int sim__wait_on(sim_stream *s, sim_stream *o, uint64_t target) {
+  sim__pull(s);
+  if (s->dep == NULL && (s->dep = calloc(SIM_DEPS, sizeof *s->dep)) == NULL) return GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+  if (s->ndep == SIM_DEPS) return GPUMEM_SIM_ERR_OUT_OF_MEMORY;
+  s->submitted++;
+  sim__stamp(s);
+  s->dep[s->ndep].at = s->submitted;
+  s->dep[s->ndep].on = o;
+  s->dep[s->ndep].target = target;
+  s->ndep++;
+  return 0;
+}
+
 /* The stream's later work waits for the event's: a work item on the stream whose completion
  * completes the event's stream up to the event (sim__pull). Nothing when the event is complete or
  * was recorded on the same stream. */
@@ -1344,19 +1359,7 @@ static int sim_stream_wait_event(gpumem_backend *be, int device, gpumem_stream s
       s->cap_status = GPUMEM_CAPTURE_INVALIDATED; /* an event from outside the capture */
       rc = GPUMEM_SIM_ERR_CAPTURE_UNSUPPORTED;
     } else if (e->stream && e->stream != s && e->stream->completed < e->target) {
-      sim__pull(s);
-      if (s->dep == NULL && (s->dep = calloc(SIM_DEPS, sizeof *s->dep)) == NULL) {
-        rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
-      } else if (s->ndep == SIM_DEPS) {
-        rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
-      } else {
-        s->submitted++;
-        sim__stamp(s);
-        s->dep[s->ndep].at = s->submitted;
-        s->dep[s->ndep].on = e->stream;
-        s->dep[s->ndep].target = e->target;
-        s->ndep++;
-      }
+      rc = sim__wait_on(s, e->stream, e->target);
     }
   }
   pthread_mutex_unlock(&g_lock);
@@ -1908,21 +1911,8 @@ GPUMEM_API gpumem_status gpumem_sim_stream_wait(int device, gpumem_stream stream
   if (d != NULL && (s == NULL || o == NULL)) rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
   if (rc == 0 && (s->dead || o->dead || s->cap_status != GPUMEM_CAPTURE_NONE || o->cap_status != GPUMEM_CAPTURE_NONE))
     rc = GPUMEM_SIM_ERR_INVALID_VALUE;
-  if (rc == 0 && s != o && o->completed < o->submitted) { /* as sim_stream_wait_event on an event recorded on `on` now */
-    sim__pull(s);
-    if (s->dep == NULL && (s->dep = calloc(SIM_DEPS, sizeof *s->dep)) == NULL) {
-      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
-    } else if (s->ndep == SIM_DEPS) {
-      rc = GPUMEM_SIM_ERR_OUT_OF_MEMORY;
-    } else {
-      s->submitted++;
-      sim__stamp(s);
-      s->dep[s->ndep].at = s->submitted;
-      s->dep[s->ndep].on = o;
-      s->dep[s->ndep].target = o->submitted;
-      s->ndep++;
-    }
-  }
+  if (rc == 0 && s != o && o->completed < o->submitted) /* as sim_stream_wait_event on an event recorded on `on` now */
+    rc = sim__wait_on(s, o, o->submitted);
   pthread_mutex_unlock(&g_lock);
   return sim__status_of(rc);
 }
