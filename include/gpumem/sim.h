@@ -132,7 +132,8 @@ GPUMEM_API gpumem_status gpumem_sim_stream_done(int device, gpumem_stream stream
  * \param stream the stream whose later work is asked about (NULL: the default stream).
  * \param on the stream of the earlier work (NULL: the default stream).
  * \param ticket a position on `on` (gpumem_sim_stream_submit()).
- * \param ordered out: 1 if that work is ordered before, 0 if not.
+ * \param ordered out: 1 if that work is ordered before, 0 if not (also when the sim has no host memory
+ *        to follow the waits with and the work has not completed).
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a NULL `ordered`; ::GPUMEM_ERR_NO_BACKEND while
  *         no context uses the sim; ::GPUMEM_ERR_INVALID_DEVICE for a device the sim does not show.
  * Thread-safe.
