@@ -120,6 +120,7 @@ typedef struct mblock {
   uint64_t tag;
   int owner, owner_ix;
   gpumem_stream st; /* allocated on: the block is ready for work queued there */
+  int graph;        /* allocated on a stream being captured: in the capture's pool, which gpumem_reset leaves */
 } mblock;
 
 typedef struct mscope {
@@ -149,6 +150,9 @@ typedef struct world {
 } world;
 
 static world W;
+static int unmet_capture(void);
+/* a backend call may be refused: a fault armed, or a capture under way the library has not met */
+#define ARMED (W.armed || unmet_capture())
 static gpumem_context *g_keeper; /* holds the sim state between inputs */
 
 static const gpumem_stream g_streams[NSTREAMS] = {NULL, (gpumem_stream)0x100, (gpumem_stream)0x200, (gpumem_stream)0x300};
@@ -248,6 +252,7 @@ static void model_drop(int k) {
  * (DESIGN, "Allocation"; the library is stricter, waiting for noted streams' items on S too). A
  * record whose items all completed is dropped. */
 #define MAXPEND 128
+static int capturing(int dev, gpumem_stream st);
 typedef struct pend {
   int used, dev, ns;
   uintptr_t a;
@@ -276,6 +281,12 @@ static int pend_all_done(const pend *q) {
  * cudaStreamWaitEvent), or, when the sim has no room for one more wait, synchronises a. */
 static void user_wait(int dev, gpumem_stream u, gpumem_stream a) {
   if (u == a) return;
+  if (capturing(dev, u) || capturing(dev, a)) {
+    /* a wait would join the capture: the caller waits for a's work before it instead (what a synchronised
+     * before the capture began, the sim completes: no backend call, so the capture stays valid) */
+    gpumem_sim_stream_complete(dev, a);
+    return;
+  }
   gpumem_status s = gpumem_sim_stream_wait(dev, u, a);
   if (s == GPUMEM_ERR_OUT_OF_MEMORY) {
     gpumem_sim_stream_complete(dev, a);
@@ -287,6 +298,7 @@ static void user_wait(int dev, gpumem_stream u, gpumem_stream a) {
 /* One work item of the caller's on stream u (a kernel using a block). */
 static uint64_t user_submit(int dev, gpumem_stream u) {
   uint64_t t = 0;
+  if (capturing(dev, u)) return 0; /* captured, not run: nothing the device does now */
   gpumem_status s = gpumem_sim_stream_submit(dev, u, &t);
   CHECK(s == GPUMEM_OK, "sim_stream_submit: %s", SN(s));
   return t;
@@ -326,6 +338,7 @@ static void pend_commit(int k, int freed) { g_pend[k].used = freed; }
  * still pending on another stream. */
 static void order_check(int dev, const void *p, size_t n, gpumem_stream st) {
   const uintptr_t a = (uintptr_t)p;
+  if (capturing(dev, st)) return; /* its work runs when the graph is launched: graph_check's pool rule instead */
   for (int j = 0; j < MAXPEND; j++) {
     pend *q = &g_pend[j];
     if (!q->used) continue;
@@ -346,6 +359,157 @@ static void order_check(int dev, const void *p, size_t n, gpumem_stream st) {
     }
     g_order_pending += waited;
     if (!waited) q->used = 0;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Captures nobody routed                                                  */
+
+/* At most one capture at a time, on a stream other than NULL (gpumem_sim_stream_begin_capture). The
+ * library must make no backend call that invalidates it (checked at its end, unless a fault was armed
+ * meanwhile: then the library may not learn of it), and the memory allocated on the capturing stream
+ * belongs to the capture's pool: no allocation outside that capture gets any of it until the pool is
+ * released (gpumem_capture_pools_release), which keeps it while the library still knows the capture
+ * (under way, or ended with no call on its stream since and no gpumem_capture_ended). The harness follows
+ * what it knows for sure: a capture it told the library of (gpumem_capture_ended) is known to have ended;
+ * one ended since without that may or may not be. A capture during which
+ * a fault was armed is not checked: the library may have taken a failed question for its end. */
+#define MAXCAP 16
+#define MAXGR 256
+enum { CAP_NONE = 0, CAP_ACTIVE, CAP_ENDED, CAP_KNOWN_ENDED };
+typedef struct mcap {
+  int state, dev, armed;
+  gpumem_stream st;
+  int met;  /* a call of the library named its stream since it began: the library knows it from then on */
+  int lost; /* invalidated before that: gpumem.h's ::gpumem_graph_pool says a capture is known from its
+             * first allocation or free; before, a call (a trim's device synchronisation, an event on the
+             * NULL stream) may invalidate it, and then nothing of it is checked */
+} mcap;
+typedef struct grange {
+  int used, dev, cap;
+  uintptr_t a;
+  size_t n;
+} grange;
+static mcap g_cap[MAXCAP];
+static int g_ncap, g_active = -1; /* captures so far (slots reused modulo MAXCAP), the one under way */
+static grange g_gr[MAXGR];
+static unsigned long long g_captures, g_capture_blocks;
+/* FUZZ_OPS_CAPTURE=1: capture operations on (off by default: what they still find is listed in
+ * docs/RELIABILITY.md, "Captures the fuzzer found") */
+static int g_capture_ops;
+
+static int capturing(int dev, gpumem_stream st) {
+  return g_active >= 0 && g_cap[g_active].dev == dev && g_cap[g_active].st == st;
+}
+
+/* A capture under way that the library has not met yet: a backend call it makes may be refused
+ * (GPUMEM_ERR_BACKEND), as with a fault armed. */
+static int unmet_capture(void) { return g_active >= 0 && !g_cap[g_active].met; }
+
+/* Before each operation: a capture invalidated before the library met it is lost (mcap.lost). */
+static void capture_check(void) {
+  if (g_active < 0 || g_cap[g_active].lost) return;
+  mcap *m = &g_cap[g_active];
+  int cs = 0;
+  uint64_t id = 0;
+  if (gpumem_sim_stream_capture_status(m->dev, m->st, &cs, &id, NULL) != GPUMEM_OK || cs != 2) return;
+  CHECK(!m->met || m->armed || W.armed, "operation #%d invalidated the capture on stream %p (device %d), which the library "
+        "knew, with no fault armed", g_cur_op - 1, m->st, m->dev);
+  m->lost = 1;
+}
+
+/* A call that named stream st of dev succeeded: the library has met the capture there, if any. */
+static void named(int dev, gpumem_stream st) {
+  if (g_active >= 0 && g_cap[g_active].dev == dev && g_cap[g_active].st == st) g_cap[g_active].met = 1;
+}
+
+/* A new block [p, p + n) on st of dev: in the capture's pool if it is the capture's, else over no
+ * memory of a pool not released. */
+static void graph_check(int dev, const void *p, size_t n, gpumem_stream st) {
+  const uintptr_t a = (uintptr_t)p;
+  const int mine = capturing(dev, st) ? g_active : -1;
+  for (int j = 0; j < MAXGR; j++) {
+    const grange *q = &g_gr[j];
+    if (!q->used || q->dev != dev || a + n <= q->a || q->a + q->n <= a) continue;
+    /* (a fault armed during the capture may have failed the library's question about it, which it takes for a
+     * capture that has ended, as for a stream destroyed after its capture: its pool is not followed) */
+    if (g_cap[q->cap].armed || g_cap[q->cap].lost) continue;
+    CHECK(q->cap == mine, "new block %p+%zu on stream %p (device %d) overlaps %p+%zu of the pool of capture %d, not "
+          "released", p, n, st, dev, (void *)q->a, q->n, q->cap);
+  }
+  if (mine < 0) return;
+  g_capture_blocks++;
+  for (int j = 0; j < MAXGR; j++)
+    if (!g_gr[j].used) {
+      g_gr[j] = (grange){1, dev, mine, a, n};
+      return;
+    }
+  /* (full: this block's memory is not followed; no false alarm) */
+}
+
+static void op_capture(reader *r) {
+  uint8_t k = u8(r);
+  int dev = (k >> 2) % DEVS;
+  switch (k % 4) {
+    case 0: { /* begin */
+      if (g_active >= 0) return;
+      gpumem_stream st = g_streams[1 + (k >> 3) % (NSTREAMS - 1)];
+      int mode = (k >> 5) % 3;
+      for (int c = 0; c < MAXCAP; c++) /* one capture per stream: an ended one not known yet is asked about first */
+        if (g_cap[c].state == CAP_ENDED && g_cap[c].dev == dev && g_cap[c].st == st) return;
+      gpumem_status s = gpumem_sim_stream_begin_capture(dev, st, mode);
+      TRACE("begin_capture(dev %d, stream %p, mode %d) = %s\n", dev, st, mode, SN(s));
+      CHECK(s == GPUMEM_OK, "sim begin_capture: %s", SN(s));
+      int c = g_ncap++ % MAXCAP;
+      if (g_cap[c].state != CAP_NONE) { /* the slot is reused: what it followed is dropped */
+        for (int j = 0; j < MAXGR; j++)
+          if (g_gr[j].cap == c) g_gr[j].used = 0;
+      }
+      g_cap[c] = (mcap){CAP_ACTIVE, dev, W.armed, st, 0, 0};
+      g_active = c;
+      g_captures++;
+      break;
+    }
+    case 1: { /* end */
+      if (g_active < 0) return;
+      mcap *m = &g_cap[g_active];
+      int inv = -1;
+      gpumem_status s = gpumem_sim_stream_end_capture(m->dev, m->st, &inv);
+      TRACE("end_capture(dev %d, stream %p) = %s invalidated %d\n", m->dev, m->st, SN(s), inv);
+      CHECK(s == GPUMEM_OK, "sim end_capture: %s", SN(s));
+      CHECK(!inv || m->armed || m->lost || W.armed, "the library invalidated the capture on stream %p (device %d) with no fault armed",
+            m->st, m->dev);
+      m->state = CAP_ENDED;
+      g_active = -1;
+      break;
+    }
+    case 2: { /* the library is told */
+      gpumem_stream st = (k & 0x80) ? NULL : g_streams[1 + (k >> 3) % (NSTREAMS - 1)];
+      if (st == NULL && g_active >= 0 && g_cap[g_active].dev == dev) return; /* NULL: "none is under way there" */
+      gpumem_status s = gpumem_capture_ended(W.ctx, dev, st);
+      TRACE("capture_ended(dev %d, stream %p) = %s\n", dev, st, SN(s));
+      CHECK(s == GPUMEM_OK, "capture_ended: %s", SN(s));
+      for (int c = 0; c < MAXCAP; c++)
+        if (g_cap[c].state == CAP_ENDED && g_cap[c].dev == dev && (st == NULL || g_cap[c].st == st))
+          g_cap[c].state = CAP_KNOWN_ENDED;
+      break;
+    }
+    default: { /* release the pools of captures known to have ended */
+      int d = (k & 0x80) ? GPUMEM_ALL_DEVICES : dev;
+      gpumem_status s = gpumem_capture_pools_release(W.ctx, d);
+      TRACE("capture_pools_release(%d) = %s\n", d, SN(s));
+      CHECK(s == GPUMEM_OK, "capture_pools_release: %s", SN(s));
+      /* the library releases the pools of captures it knows have ended: those it was told of, and maybe those
+       * ended with a call on their stream since (it may have asked then): the memory of both is followed no
+       * more (no false alarm), and the second stay ENDED (the library may still know them: reset is refused) */
+      for (int c = 0; c < MAXCAP; c++) {
+        if ((g_cap[c].state != CAP_KNOWN_ENDED && g_cap[c].state != CAP_ENDED) || (d >= 0 && g_cap[c].dev != d)) continue;
+        if (g_cap[c].state == CAP_KNOWN_ENDED) g_cap[c].state = CAP_NONE;
+        for (int j = 0; j < MAXGR; j++)
+          if (g_gr[j].cap == c) g_gr[j].used = 0;
+      }
+      break;
+    }
   }
 }
 
@@ -372,6 +536,8 @@ static int pick(unsigned k, int owner, int dev) {
 /* the pool's invariant checks (src/pool_check.c), which a GPUMEM_DEBUG_CHECKS build runs after every
  * allocation and free and counts when they fail (other builds never run them: the count stays 0) */
 uint64_t gpumem__invariant_failures(const char **last);
+/* what the library counts as held on a device for limit_bytes (every pool of it: src/pool.h) */
+uint64_t gpumem__dev_reserved_bytes(gpumem_context *ctx, int device);
 
 static void check_stats(void) {
   const char *why = NULL;
@@ -402,6 +568,8 @@ static void check_stats(void) {
     CHECK(s.cached_bytes == s.reserved_bytes - s.allocated_bytes, "device %d: cached %llu != reserved %llu - allocated %llu", d,
           (unsigned long long)s.cached_bytes, (unsigned long long)s.reserved_bytes, (unsigned long long)s.allocated_bytes);
     CHECK(s.reserved_bytes <= DEV_CAP, "device %d: reserved %llu > capacity", d, (unsigned long long)s.reserved_bytes);
+    CHECK(gpumem__dev_reserved_bytes(W.ctx, d) == s.reserved_bytes, "device %d: the limit counts %llu bytes held, stats say %llu",
+          d, (unsigned long long)gpumem__dev_reserved_bytes(W.ctx, d), (unsigned long long)s.reserved_bytes);
     CHECK(W.limit == 0 || s.reserved_bytes <= W.limit, "device %d: reserved %llu > limit %llu", d, (unsigned long long)s.reserved_bytes,
           (unsigned long long)W.limit);
     CHECK(s.allocated_peak >= s.allocated_bytes && s.reserved_peak >= s.reserved_bytes, "device %d: peak below current", d);
@@ -438,7 +606,7 @@ static void check_stats(void) {
 static int alloc_status_ok(gpumem_status s, int absurd) {
   if (s == GPUMEM_OK || s == GPUMEM_ERR_OUT_OF_MEMORY || s == GPUMEM_ERR_LIMIT_EXCEEDED) return 1;
   if (absurd && s == GPUMEM_ERR_INVALID_ARGUMENT) return 1;
-  if (W.armed && s == GPUMEM_ERR_BACKEND) return 1;
+  if (ARMED && s == GPUMEM_ERR_BACKEND) return 1;
   return 0;
 }
 
@@ -457,7 +625,7 @@ static int oom_cb(void *user, int device, size_t requested) {
     CHECK(stamp_ok(&W.b[i]), "block %d damaged (seen in OOM callback)", i);
     int pk = pend_uses(&W.b[i], NULL, NULL, 0);
     gpumem_status s = gpumem_free(W.ctx, W.b[i].p, NULL);
-    CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "free in OOM callback: %s", SN(s));
+    CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "free in OOM callback: %s", SN(s));
     pend_commit(pk, s == GPUMEM_OK);
     if (s == GPUMEM_OK) {
       model_drop(i);
@@ -466,7 +634,7 @@ static int oom_cb(void *user, int device, size_t requested) {
   }
   uint64_t rel = 0;
   gpumem_status s = gpumem_trim(W.ctx, device, 0, &rel);
-  CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "trim in OOM callback: %s", SN(s));
+  CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "trim in OOM callback: %s", SN(s));
   W.in_callback = 0;
   return freed > 0;
 }
@@ -518,7 +686,11 @@ static void op_alloc(reader *r, int tagged) {
   }
   CHECK(!absurd || n <= DEV_CAP, "absurd size %zu succeeded", n);
   order_check(dev, p, n, st);
-  W.b[model_add(p, n, dev, OWN_PLAIN, 0)].st = st;
+  graph_check(dev, p, n, st);
+  named(dev, st);
+  int k = model_add(p, n, dev, OWN_PLAIN, 0);
+  W.b[k].st = st;
+  W.b[k].graph = capturing(dev, st);
 }
 
 static void op_free(reader *r) {
@@ -549,10 +721,11 @@ static void op_free(reader *r) {
   int pk = pend_uses(&W.b[i], st, noted, nnoted);
   gpumem_status s = gpumem_free(W.ctx, W.b[i].p, st);
   TRACE("free(%p [%zu, dev %d], stream %p) = %s\n", W.b[i].p, W.b[i].n, W.b[i].dev, st, SN(s));
-  CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "free(%p): %s", W.b[i].p, SN(s));
+  CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "free(%p): %s", W.b[i].p, SN(s));
   pend_commit(pk, s == GPUMEM_OK);
   if (s == GPUMEM_OK) {
     void *p = W.b[i].p;
+    named(W.b[i].dev, st);
     model_drop(i);
     g_frees_ok++;
     size_t sz = 1;
@@ -603,14 +776,14 @@ static void op_trim(reader *r) {
   uint64_t rel = 12345;
   gpumem_status s = gpumem_trim(W.ctx, dev, keep, &rel);
   TRACE("trim(%d, keep %llu) = %s released %llu\n", dev, (unsigned long long)keep, SN(s), (unsigned long long)rel);
-  CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "trim(%d, %llu): %s", dev, (unsigned long long)keep, SN(s));
+  CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "trim(%d, %llu): %s", dev, (unsigned long long)keep, SN(s));
   gpumem_stats after;
   after.struct_size = sizeof after;
   CHECK(gpumem_get_stats(W.ctx, dev, &after) == GPUMEM_OK, "stats");
   if (s == GPUMEM_OK) {
     CHECK(before.reserved_bytes - after.reserved_bytes == rel, "trim released %llu but reserved went %llu -> %llu",
           (unsigned long long)rel, (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
-    if (!W.armed && keep == 0) {
+    if (!ARMED && keep == 0) {
       /* everything given back that can be: a second trim releases nothing */
       uint64_t rel2 = 99;
       s = gpumem_trim(W.ctx, dev, 0, &rel2);
@@ -628,6 +801,14 @@ static void model_reset_device(int dev) {
   int tried = 0;
   for (int i = 0; i < MAXB; i++) {
     if (!W.b[i].p || W.b[i].dev != dev) continue;
+    if (W.b[i].graph && gpumem_ptr_info(W.ctx, W.b[i].p, NULL, NULL) == GPUMEM_OK) {
+      /* a capture's pool is not reset (its graph may still run): the block stays live, the caller's */
+      if (W.b[i].owner == OWN_SCOPE) {
+        W.sc[W.b[i].owner_ix].nblocks--;
+        W.b[i].owner = OWN_PLAIN;
+      }
+      continue;
+    }
     if (tried++ < 3) {
       gpumem_status q = gpumem_free(W.ctx, W.b[i].p, NULL);
       CHECK(q == GPUMEM_ERR_INVALID_POINTER, "free of a block invalidated by reset gave %s", SN(q));
@@ -641,13 +822,15 @@ static void model_reset_device(int dev) {
   for (int j = 0; j < MAXBUF; j++) {
     mbuf *b = &W.buf[j];
     if (b->bix >= 0 && b->b.device == dev) {
-      gpumem_buffer_release(&b->b); /* gpumem_free gives INVALID_POINTER inside: harmless */
+      gpumem_buffer_release(&b->b); /* gpumem_free gives INVALID_POINTER inside: harmless (a capture pool's block: freed) */
       CHECK(b->b.ptr == NULL && b->b.ctx == NULL, "buffer not zeroed by release");
       model_drop(b->bix);
       b->bix = -1;
     }
   }
-  CHECK(count_live(dev, -1) == 0, "model still has blocks on the reset device (harness bug)");
+  for (int i = 0; i < MAXB; i++)
+    CHECK(!W.b[i].p || W.b[i].dev != dev || (W.b[i].graph && W.b[i].owner == OWN_PLAIN),
+          "model still has blocks on the reset device (harness bug)");
 }
 
 static void op_reset(reader *r) {
@@ -655,14 +838,20 @@ static void op_reset(reader *r) {
   int dev = k & 1 ? GPUMEM_ALL_DEVICES : (int)((k >> 1) % DEVS);
   gpumem_status s = gpumem_reset(W.ctx, dev, 0);
   TRACE("reset(%d) = %s\n", dev, SN(s));
-  CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "reset(%d): %s", dev, SN(s));
+  int known = 0; /* a capture the library may know of, on any device: the context is in capture mode and refuses
+                  * (GPUMEM_ERR_BUSY) */
+  for (int c = 0; c < MAXCAP; c++) known |= g_cap[c].state == CAP_ACTIVE || g_cap[c].state == CAP_ENDED;
+  CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND) || (known && s == GPUMEM_ERR_BUSY), "reset(%d): %s", dev,
+        SN(s));
   if (s == GPUMEM_OK) g_resets_ok++;
   for (int d = 0; d < DEVS; d++) {
     if (dev >= 0 && d != dev) continue;
     int valid = 0, invalid = 0;
     for (int i = 0; i < MAXB; i++)
       if (W.b[i].p && W.b[i].dev == d) {
-        if (gpumem_ptr_info(W.ctx, W.b[i].p, NULL, NULL) == GPUMEM_OK) valid++;
+        /* (the capture pools are not reset: a block of one stays live; one allocated while a fault hid the
+         * capture from the library is the main pool's, and goes with it) */
+        if (gpumem_ptr_info(W.ctx, W.b[i].p, NULL, NULL) == GPUMEM_OK) valid += !W.b[i].graph;
         else invalid++;
       }
     if (s == GPUMEM_OK) {
@@ -673,7 +862,7 @@ static void op_reset(reader *r) {
       /* reset(ALL) that fails on one device may have reset the others: each device all or nothing */
       CHECK(valid == 0 || invalid == 0, "failed reset(ALL) left device %d half reset (%d live, %d invalid)", d, valid, invalid);
     }
-    if (valid == 0) model_reset_device(d);
+    if (valid == 0 && (s == GPUMEM_OK || invalid > 0)) model_reset_device(d); /* (a device with nothing to tell: as it was) */
   }
   check_all_contents();
 }
@@ -709,7 +898,11 @@ static void op_scope_alloc(reader *r) {
     return;
   }
   order_check(W.sc[j].dev, p, n, W.sc[j].st);
-  W.b[model_add(p, n, W.sc[j].dev, OWN_SCOPE, j)].st = W.sc[j].st;
+  graph_check(W.sc[j].dev, p, n, W.sc[j].st);
+  named(W.sc[j].dev, W.sc[j].st);
+  int k = model_add(p, n, W.sc[j].dev, OWN_SCOPE, j);
+  W.b[k].st = W.sc[j].st;
+  W.b[k].graph = capturing(W.sc[j].dev, W.sc[j].st);
   W.sc[j].nblocks++;
 }
 
@@ -729,14 +922,15 @@ static void end_scope(int j, int after_reset) {
     /* a scope forgets what it allocated before a reset of its device: its end frees nothing, OK */
     CHECK(s == GPUMEM_OK, "scope_end after reset (%d blocks): %s", m->nblocks, SN(s));
   else
-    CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "scope_end: %s", SN(s));
+    CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "scope_end: %s", SN(s));
   for (int i = 0; i < MAXB; i++) {
     if (!W.b[i].p || W.b[i].owner != OWN_SCOPE || W.b[i].owner_ix != j) continue;
     gpumem_status q = gpumem_ptr_info(W.ctx, W.b[i].p, NULL, NULL);
     if (pk[i] >= 0) pend_commit(pk[i], q != GPUMEM_OK);
     if (q == GPUMEM_OK) {
-      /* only a failed free may leave a block live; it becomes the caller's */
-      CHECK(s != GPUMEM_OK && !after_reset, "block %d still live after scope_end (%s)", i, SN(s));
+      /* only a failed free may leave a block live, or a reset since the scope began (it frees nothing it
+       * allocated before, and a capture pool's block outlives the reset); it becomes the caller's */
+      CHECK((s != GPUMEM_OK && !after_reset) || W.b[i].graph, "block %d still live after scope_end (%s)", i, SN(s));
       W.b[i].owner = OWN_PLAIN;
     } else {
       CHECK(q == GPUMEM_ERR_INVALID_POINTER, "ptr_info after scope_end: %s", SN(q));
@@ -766,7 +960,7 @@ static void op_buffer(reader *r) {
     gpumem_status q = gpumem_ptr_info(W.ctx, p, NULL, NULL);
     pend_commit(pk, q != GPUMEM_OK);
     if (q == GPUMEM_OK) {
-      CHECK(W.armed, "buffer release left the block live with no fault armed");
+      CHECK(ARMED, "buffer release left the block live with no fault armed");
       W.b[b->bix].owner = OWN_PLAIN; /* its free failed: the block is still ours */
     } else {
       model_drop(b->bix);
@@ -797,8 +991,11 @@ static void op_buffer(reader *r) {
   CHECK(nb.ctx == W.ctx && nb.size == n && nb.device == dev && nb.stream == st, "buffer fields wrong");
   b->b = nb;
   order_check(dev, nb.ptr, n, st);
+  graph_check(dev, nb.ptr, n, st);
+  named(dev, st);
   b->bix = model_add(nb.ptr, n, dev, OWN_BUF, j);
   W.b[b->bix].st = st;
+  W.b[b->bix].graph = capturing(dev, st);
 }
 
 static void op_fault(reader *r) {
@@ -811,10 +1008,12 @@ static void op_fault(reader *r) {
   TRACE("fail_nth(kind %d, nth %llu, err %d, repeat %d)\n", (int)kind, (unsigned long long)nth, err, repeat);
   CHECK(s == GPUMEM_OK, "fail_nth: %s", SN(s));
   W.armed = 1;
+  if (g_active >= 0) g_cap[g_active].armed = 1; /* the library may miss the capture from now on */
   g_faults++;
 }
 
 static void op_fault_clear(void) {
+  TRACE("fail_clear\n");
   gpumem_sim_fail_clear();
   W.armed = 0;
   /* after clearing, the next calls work: a small alloc succeeds on some device unless both are full */
@@ -847,7 +1046,7 @@ static void op_queries(reader *r) {
   info.struct_size = sizeof info;
   gpumem_status s = gpumem_device_get_info(W.ctx, dev, &info);
   if (dev >= 0 && dev < DEVS) {
-    CHECK(s == GPUMEM_OK || (W.armed && s == GPUMEM_ERR_BACKEND), "device_get_info(%d): %s", dev, SN(s));
+    CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "device_get_info(%d): %s", dev, SN(s));
     if (s == GPUMEM_OK) CHECK(info.total_bytes == DEV_CAP && info.free_bytes <= DEV_CAP && info.ordinal == dev, "device info wrong");
   } else {
     CHECK(s == GPUMEM_ERR_INVALID_DEVICE, "device_get_info(%d): %s", dev, SN(s));
@@ -871,11 +1070,21 @@ static void op_queries(reader *r) {
 /* ---------------------------------------------------------------------- */
 /* One input                                                               */
 
+static void log_to_stderr(void *user, gpumem_log_level level, const char *msg) {
+  (void)user;
+  (void)level;
+  fprintf(stderr, "    log: %s\n", msg);
+}
+
 static void run_input(const uint8_t *data, size_t size) {
   reader rd = {data, size, 0};
   reader *r = &rd;
   memset(&W, 0, sizeof W);
   memset(g_pend, 0, sizeof g_pend);
+  memset(g_cap, 0, sizeof g_cap);
+  memset(g_gr, 0, sizeof g_gr);
+  g_ncap = 0;
+  g_active = -1;
   for (int j = 0; j < MAXBUF; j++) W.buf[j].bix = -1;
   g_inputs++;
   g_cur_op = -1;
@@ -887,6 +1096,10 @@ static void run_input(const uint8_t *data, size_t size) {
   cfg.backend = "sim";
   cfg.flags = GPUMEM_CONFIG_NO_ENV;
   cfg.log_level = GPUMEM_LOG_OFF;
+  if (getenv("FUZZ_OPS_LOG") != NULL) { /* FUZZ_OPS_LOG=1: the library's debug log, to stderr */
+    cfg.log_level = GPUMEM_LOG_DEBUG;
+    cfg.log_callback = log_to_stderr;
+  }
   static const uint64_t thresholds[] = {GPUMEM_UNLIMITED, 0, 1 * MiB, 8 * MiB};
   cfg.release_threshold = thresholds[c0 & 3];
   cfg.trim_free_fraction = (c0 & 4) ? 0.0 : (c0 & 8) ? 0.5 : 0.10;
@@ -916,6 +1129,7 @@ static void run_input(const uint8_t *data, size_t size) {
     uint8_t code = u8(r);
     g_cur_op = op;
     g_ops++;
+    capture_check();
     TRACE("op %d code %u\n", op, code % 20u);
     switch (code % 20) {
       case 0: case 1: case 2: case 3: g_cur_name = "alloc"; op_alloc(r, 0); break;
@@ -931,7 +1145,15 @@ static void run_input(const uint8_t *data, size_t size) {
       case 16: g_cur_name = "fault"; op_fault(r); break;
       case 17: g_cur_name = "fault_clear"; op_fault_clear(); break;
       case 18: g_cur_name = "sim"; op_sim(r); break;
-      default: g_cur_name = "queries"; op_queries(r); break;
+      default:
+        if (code >= 200 && g_capture_ops) { /* (219, 239: two of the twelve codes of queries) */
+          g_cur_name = "capture";
+          op_capture(r);
+        } else {
+          g_cur_name = "queries";
+          op_queries(r);
+        }
+        break;
     }
     check_stats();
   }
@@ -939,8 +1161,18 @@ static void run_input(const uint8_t *data, size_t size) {
   /* Teardown: clear faults, complete work, free everything, destroy, nothing held. */
   g_cur_op = -1;
   g_cur_name = "teardown";
+  capture_check(); /* (what the last operation did) */
   gpumem_sim_fail_clear();
   W.armed = 0;
+  if (g_active >= 0) { /* the capture under way ends, the library is told, the pools go */
+    int inv = -1;
+    mcap *m = &g_cap[g_active];
+    CHECK(gpumem_sim_stream_end_capture(m->dev, m->st, &inv) == GPUMEM_OK, "sim end_capture");
+    CHECK(!inv || m->armed || m->lost, "the library invalidated the capture on stream %p (device %d) with no fault armed", m->st,
+          m->dev);
+    g_active = -1;
+  }
+  CHECK(gpumem_capture_ended(W.ctx, GPUMEM_ALL_DEVICES, NULL) == GPUMEM_OK, "capture_ended(ALL, NULL)");
   gpumem_sim_set_delayed(0);
   gpumem_sim_complete_all();
   for (int d = 0; d < DEVS; d++) (void)gpumem_sim_set_external_usage(d, 0);
@@ -960,6 +1192,7 @@ static void run_input(const uint8_t *data, size_t size) {
       CHECK(s == GPUMEM_OK, "free at teardown: %s", SN(s));
       model_drop(i);
     }
+  CHECK(gpumem_capture_pools_release(W.ctx, GPUMEM_ALL_DEVICES) == GPUMEM_OK, "capture_pools_release(ALL)");
   check_stats();
   /* after clearing, the next calls work */
   void *p = NULL;
@@ -981,12 +1214,15 @@ static void run_input(const uint8_t *data, size_t size) {
 static void report(void) {
   fprintf(stderr,
           "fuzz_ops: %llu inputs, %llu operations (%llu allocs, %llu frees, %llu resets succeeded; %llu faults armed, %llu OOM; "
-          "%llu allocations over memory freed with work queued, %llu of them with that work still running, ordered before theirs)\n",
-          g_inputs, g_ops, g_allocs_ok, g_frees_ok, g_resets_ok, g_faults, g_ooms, g_order_checks, g_order_pending);
+          "%llu allocations over memory freed with work queued, %llu of them with that work still running, ordered before theirs; "
+          "%llu captures, %llu blocks allocated in them)\n",
+          g_inputs, g_ops, g_allocs_ok, g_frees_ok, g_resets_ok, g_faults, g_ooms, g_order_checks, g_order_pending, g_captures,
+          g_capture_blocks);
 }
 
 static void setup(void) {
   g_trace = getenv("FUZZ_OPS_TRACE") != NULL && *getenv("FUZZ_OPS_TRACE") == '1';
+  g_capture_ops = getenv("FUZZ_OPS_CAPTURE") != NULL && *getenv("FUZZ_OPS_CAPTURE") == '1';
   setenv("GPUMEM_SIM_DEVICES", "2x64MiB", 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
   unsetenv("GPUMEM_LOG");

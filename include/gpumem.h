@@ -152,7 +152,7 @@ typedef struct gpumem_config {
   const struct gpumem_backend *custom_backend; /**< a user vtable, used instead of `backend` when non-NULL; copied at create */
   uint64_t release_threshold;  /**< cached free bytes a device pool may keep; default ::GPUMEM_UNLIMITED; env GPUMEM_RELEASE_THRESHOLD */
   double trim_free_fraction;   /**< give cached memory back when device free memory < this fraction of total; default 0.10; 0 disables; env GPUMEM_TRIM_FREE_FRACTION */
-  uint64_t limit_bytes;        /**< hard cap on bytes reserved per device; 0 = none; env GPUMEM_LIMIT_BYTES */
+  uint64_t limit_bytes;        /**< hard cap on bytes reserved per device (its graph pools' included); 0 = none; env GPUMEM_LIMIT_BYTES */
   double limit_fraction;       /**< hard cap as a fraction of device total; 0 = none; env GPUMEM_LIMIT_FRACTION */
   uint64_t initial_bytes;      /**< preallocated on a device's first use; 0 = none; env GPUMEM_INITIAL_BYTES */
   gpumem_oom_fn oom_callback;  /**< called when out of memory after trim-and-retry; may be NULL */
@@ -619,6 +619,10 @@ GPUMEM_API gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int devi
 
 /**
  * \brief Synchronise a device, invalidate every live allocation on it and give all its memory back.
+ *
+ * Graph pools (::gpumem_graph_pool, and the pools of captures nobody routed) are not reset: a graph
+ * may still be launched and use their memory, so their blocks stay live and their memory stays theirs
+ * until they are released (gpumem_graph_pool_release(), gpumem_capture_pools_release()).
  * \param ctx    context.
  * \param device a device or ::GPUMEM_ALL_DEVICES.
  * \param flags  0 or ::GPUMEM_RESET_DEVICE (dangerous: also resets the device for the whole process).

@@ -32,7 +32,9 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
   ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
   ctx->reset_gen = calloc((size_t)ctx->ndev, sizeof *ctx->reset_gen);
-  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL || ctx->reset_gen == NULL) {
+  ctx->dev_reserved = calloc((size_t)ctx->ndev, sizeof *ctx->dev_reserved);
+  if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL || ctx->reset_gen == NULL ||
+      ctx->dev_reserved == NULL) {
     st = GPUMEM_ERR_OUT_OF_MEMORY;
     goto fail_backend;
   }
@@ -42,6 +44,7 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
     atomic_init(&ctx->pools[i], NULL);
     atomic_init(&ctx->devinfo_ok[i], 0);
     atomic_init(&ctx->reset_gen[i], 0);
+    atomic_init(&ctx->dev_reserved[i], 0);
   }
   gpumem__log(&ctx->opt.log, GPUMEM_LOG_INFO, "context created: backend %s, %d device(s)", ctx->be_name, ctx->ndev);
   *out = ctx;
@@ -52,6 +55,7 @@ fail_backend:
   free(ctx->devinfo);
   free(ctx->devinfo_ok);
   free(ctx->reset_gen);
+  free(ctx->dev_reserved);
   gpumem__backend_close(ctx);
 fail_map:
   gpumem__ptrmap_destroy(&ctx->map);
@@ -130,7 +134,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
     if (!(flags & GPUMEM_DESTROY_FORCE)) return GPUMEM_ERR_BUSY;
   }
   if (count > 0 && GPUMEM__MON_ON(ctx)) gpumem__graph_each(ctx, -1, graph_drop, ctx);
-  gpumem__graph_collect(ctx, 1);
+  gpumem__graph_collect(ctx, 1, GPUMEM_ALL_DEVICES, NULL);
   for (int d = 0; d < ctx->ndev; d++) {
     gpumem__pool *p = pool_get(ctx, d);
     if (p != NULL && count > 0 && GPUMEM__MON_ON(ctx)) gpumem__monitor_drop(ctx, p);
@@ -144,6 +148,7 @@ gpumem_status gpumem_destroy(gpumem_context *ctx, unsigned flags) {
   free(ctx->devinfo);
   free(ctx->devinfo_ok);
   free(ctx->reset_gen);
+  free(ctx->dev_reserved);
   gpumem__ptrmap_destroy(&ctx->map);
   gpumem__mutex_destroy(&ctx->lock);
   free(ctx);
@@ -418,7 +423,7 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
     gpumem_status st = gpumem__pool_trim(p, keep_bytes, &rel);
     if (st != GPUMEM_OK && first == GPUMEM_OK) first = st;
   }
-  gpumem__graph_collect(ctx, 0); /* released graph pools whose blocks were freed since */
+  gpumem__graph_collect(ctx, 0, device, &rel); /* released graph pools whose blocks were freed since: counted */
   if (released != NULL) *released = rel;
   return first;
 }

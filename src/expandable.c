@@ -767,7 +767,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
       need = vm_need(b, rsize);
     }
     gpumem_status st = GPUMEM_OK;
-    if (need > avail && p->limit != 0 && p->st.reserved_bytes + (uint64_t)(need - avail) * g > p->limit) {
+    if (need > avail && p->limit != 0 &&
+        p->st.reserved_bytes + gpumem__pool_others(p) + (uint64_t)(need - avail) * g > p->limit) {
       st = GPUMEM_ERR_LIMIT_EXCEEDED; /* refused before anything is mapped */
     } else {
       gpumem__fidx *from = b->idx;
@@ -789,7 +790,7 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
         vm_lend_own(p, r, stream, b, rsize, need, gpumem__vm_available(p->vm)); /* (b's own idle chunks are busy now) */
         need = vm_need(b, rsize);
       }
-      if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, p->limit);
+      if (need > 0) st = gpumem__vm_commit(b->seg->vm, b->addr, rsize, gpumem__pool_limit(p));
       if (st == GPUMEM_OK) {
         /* the pool grew (new chunks): the device's free memory is looked at (a query of the driver,
          * microseconds). Idle chunks moved here take nothing more from the device: no query. */

@@ -221,7 +221,7 @@ static void reap(gpumem_context *ctx, int device, gpumem_stream stream, int all)
   gpumem__mutex_lock(&ctx->lock);
   int dropped = reap_locked(ctx, device, stream, all);
   gpumem__mutex_unlock(&ctx->lock);
-  if (dropped > 0) gpumem__graph_collect(ctx, 0);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0, GPUMEM_ALL_DEVICES, NULL);
 }
 
 void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream) {
@@ -314,7 +314,7 @@ gpumem_status gpumem_graph_pool_begin(gpumem_graph_pool *gp, gpumem_stream strea
   if (!route_add_locked(ctx, gp, stream, id)) st = GPUMEM_ERR_OUT_OF_MEMORY;
 out:
   gpumem__mutex_unlock(&ctx->lock);
-  if (dropped > 0) gpumem__graph_collect(ctx, 0);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0, GPUMEM_ALL_DEVICES, NULL);
   /* every thread cache gives its blocks back and lets go of the context; with the route counted
    * first, none is keyed to it again until the last route ends (tcache.c) */
   if (st == GPUMEM_OK && ctx->tc_on) (void)gpumem__tc_flush(ctx, NULL, 1);
@@ -355,7 +355,7 @@ static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_st
       gpumem__be_stream_capture(ctx, device, stream, &cst, &id) == GPUMEM_OK && cst == GPUMEM_CAPTURE_ACTIVE && id != 0)
     found = capture_route_locked(ctx, device, id);
   gpumem__mutex_unlock(&ctx->lock);
-  if (dropped > 0) gpumem__graph_collect(ctx, 0);
+  if (dropped > 0) gpumem__graph_collect(ctx, 0, GPUMEM_ALL_DEVICES, NULL);
   /* a capture nobody routed (the NULL stream reports one of the device's captures, without an id) */
   if (found == NULL && stream != NULL && ctx->cap_probe && cst == GPUMEM_CAPTURE_ACTIVE && id != 0)
     found = capture_pool(ctx, device, stream, id, failed);
@@ -373,12 +373,6 @@ static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp) {
   free(gp);
 }
 
-static uint64_t pool_live(gpumem__pool *p) {
-  gpumem_stats st;
-  gpumem__pool_get_stats(p, &st);
-  return st.num_live;
-}
-
 gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
   if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem_context *ctx = gp->ctx;
@@ -390,12 +384,13 @@ gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
   } else {
     gp->released = 1;
     if (!gpumem__capturing(ctx)) {
-      if (pool_live(gp->pool) == 0) {
-        graph_destroy_locked(ctx, gp);
-      } else {
-        uint64_t rel = 0;
-        st = gpumem__pool_trim(gp->pool, 0, &rel); /* what is free now goes back; the rest when freed */
-      }
+      /* what is free now goes back, the rest when freed; with nothing left the pool goes (one whose
+       * segment the backend would not take stays, counted, until a later collection gives it back) */
+      uint64_t rel = 0;
+      st = gpumem__pool_trim(gp->pool, 0, &rel);
+      gpumem_stats ps;
+      gpumem__pool_get_stats(gp->pool, &ps);
+      if (ps.num_live == 0 && ps.reserved_bytes == 0) graph_destroy_locked(ctx, gp);
     }
   }
   gpumem__mutex_unlock(&ctx->lock);
@@ -424,7 +419,7 @@ gpumem_status gpumem_capture_pools_release(gpumem_context *ctx, int device) {
   for (gpumem_graph_pool *gp = ctx->graphs; gp != NULL; gp = gp->next)
     if (gp->autop && gp->nroutes == 0 && (device == GPUMEM_ALL_DEVICES || gp->device == device)) gp->released = 1;
   gpumem__mutex_unlock(&ctx->lock);
-  gpumem__graph_collect(ctx, 0); /* what is free now goes back; the rest as it is freed, at the next trim */
+  gpumem__graph_collect(ctx, 0, GPUMEM_ALL_DEVICES, NULL); /* what is free now goes back; the rest as it is freed, at the next trim */
   return GPUMEM_OK;
 }
 
@@ -443,7 +438,8 @@ void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool
   gpumem__mutex_unlock(&ctx->lock);
 }
 
-void gpumem__graph_collect(gpumem_context *ctx, int destroy_all) {
+void gpumem__graph_collect(gpumem_context *ctx, int destroy_all, int device, uint64_t *released) {
+  uint64_t rel_all = 0;
   gpumem__mutex_lock(&ctx->lock);
   if (destroy_all) {
     while (ctx->graphs != NULL) graph_destroy_locked(ctx, ctx->graphs);
@@ -456,16 +452,19 @@ void gpumem__graph_collect(gpumem_context *ctx, int destroy_all) {
     gpumem_graph_pool *gp = ctx->graphs;
     while (gp != NULL) {
       gpumem_graph_pool *n = gp->next;
-      if (gp->released) {
-        if (pool_live(gp->pool) == 0) {
-          graph_destroy_locked(ctx, gp);
-        } else {
-          uint64_t rel = 0;
-          (void)gpumem__pool_trim(gp->pool, 0, &rel);
-        }
+      if (gp->released && (device == GPUMEM_ALL_DEVICES || gp->device == device)) {
+        /* what is free goes back; a pool with nothing left goes too. One whose segment the backend would
+         * not take stays (released, counted for its device) and is tried again at the next collection */
+        uint64_t rel = 0;
+        (void)gpumem__pool_trim(gp->pool, 0, &rel);
+        rel_all += rel;
+        gpumem_stats st;
+        gpumem__pool_get_stats(gp->pool, &st);
+        if (st.num_live == 0 && st.reserved_bytes == 0) graph_destroy_locked(ctx, gp);
       }
       gp = n;
     }
   }
   gpumem__mutex_unlock(&ctx->lock);
+  if (released != NULL) *released += rel_all;
 }

@@ -315,6 +315,8 @@ struct gpumem_context {
   gpumem_backend_device_info *devinfo; /* ndev entries: the static part of gpumem_device_get_info, cached */
   atomic_int *devinfo_ok;         /* ndev flags: devinfo[i] filled (set under lock, release) */
   _Atomic uint64_t *reset_gen;  /* ndev counters: gpumem_reset calls on the device so far (scope.c) */
+  _Atomic uint64_t *dev_reserved; /* ndev counters: bytes every pool of the device holds (the main one and the graph
+                                   * pools: limit_bytes is the device's), kept with each pool's reserved_bytes */
   gpumem__mutex lock;           /* pool creation */
   gpumem__ptrmap map;
   unsigned fork_gen;            /* gpumem__fork_gen at create: differs in a forked child */
@@ -382,7 +384,7 @@ void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream);
 /** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
 /** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */
-void gpumem__graph_collect(gpumem_context *ctx, int destroy_all);
+void gpumem__graph_collect(gpumem_context *ctx, int destroy_all, int device, uint64_t *released);
 /** pool.c: a device pool for a graph pool: plain segments, no events, never trimmed by policy. */
 gpumem_status gpumem__pool_create_graph(gpumem_context *ctx, int device, gpumem__pool **out);
 /** pool.c: the limit (settable), and the largest free block (expandable: idle mapped bytes count). */

@@ -34,6 +34,7 @@ gpumem_status gpumem__seg_create(gpumem__pool *p, size_t size, int cls, gpumem__
   if (p->segs != NULL) p->segs->prev = s;
   p->segs = s;
   p->st.reserved_bytes += size;
+  gpumem__dev_reserved_add(p, (int64_t)size);
   if (p->st.reserved_bytes > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved_bytes;
   p->st.num_segments++;
   p->st.num_backend_allocs++;
@@ -81,7 +82,7 @@ static gpumem_status grow(gpumem__pool *p, size_t rsize, int rcls, int smallest_
   int tried = 0;
   for (int i = 0; i < nc; i++) {
     size_t sz = cand[i];
-    if (p->limit != 0 && p->st.reserved_bytes + sz > p->limit) continue;
+    if (p->limit != 0 && p->st.reserved_bytes + gpumem__pool_others(p) + sz > p->limit) continue;
     if (p->total != 0 && sz > p->total) continue;
     if (tried && !smallest_first_on_oom) break; /* one malloc on the fast path */
     tried = 1;
@@ -180,21 +181,22 @@ static gpumem_status alloc_locked(gpumem__pool *p, size_t rsize, int rcls, gpume
   }
 
   if (st == GPUMEM_ERR_LIMIT_EXCEEDED) {
+    const uint64_t lim = gpumem__pool_limit(p); /* (what the device's other pools hold is not this pool's to give) */
     /* release free segments only if that makes room for the smallest segment that serves the request */
     uint64_t need = (uint64_t)rsize;
-    if (p->st.reserved_bytes - p->empty_bytes + need <= p->limit) {
+    if (p->st.reserved_bytes - p->empty_bytes + need <= lim) {
       uint64_t rel = 0;
       gpumem__segment *s = p->empty;
-      while (s != NULL && p->st.reserved_bytes + std_segment_size(rsize, rcls) > p->limit) {
+      while (s != NULL && p->st.reserved_bytes + std_segment_size(rsize, rcls) > lim) {
         gpumem__segment *n = s->enext;
         size_t sz = s->size;
         if (gpumem__seg_release(p, s) == GPUMEM_OK) rel += sz;
         s = n;
       }
       /* the standard size may still not fit: grow() falls back to smaller segments */
-      if (p->st.reserved_bytes + need > p->limit) {
+      if (p->st.reserved_bytes + need > lim) {
         s = p->empty;
-        while (s != NULL && p->st.reserved_bytes + need > p->limit) {
+        while (s != NULL && p->st.reserved_bytes + need > lim) {
           gpumem__segment *n = s->enext;
           size_t sz = s->size;
           if (gpumem__seg_release(p, s) == GPUMEM_OK) rel += sz;
@@ -669,6 +671,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   gpumem_status first = vmst;
   gpumem__segment *s = p->segs;
   p->segs = NULL;
+  const uint64_t held_before = p->st.reserved_bytes;
   p->st.reserved_bytes = p->vm != NULL ? gpumem__vm_spare_bytes(p->vm) : 0; /* held chunks vm_clear could not destroy */
   p->st.num_segments = 0;
   while (s != NULL) {
@@ -708,6 +711,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     }
     s = n;
   }
+  gpumem__dev_reserved_add(p, (int64_t)(p->st.reserved_bytes - held_before));
   p->st.allocated_bytes = 0;
   p->st.requested_bytes = 0;
   p->st.num_live = 0;
@@ -900,6 +904,7 @@ void gpumem__pool_destroy(gpumem__pool *p) {
       p->slabs = n;
     }
   }
+  gpumem__dev_reserved_add(p, -(int64_t)p->st.reserved_bytes); /* the pool goes: its bytes no longer count */
   gpumem__mutex_unlock(&p->lock);
   gpumem__share_leave(p->share);
   p->share = NULL;

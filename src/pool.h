@@ -379,4 +379,25 @@ static inline void solo_note(gpumem__pool *p, gpumem_stream stream) {
 #include "block_index.h"
 #include "share.h"
 
+/* Bytes reserved on p's device: what p holds changed by delta (kept with p->st.reserved_bytes, under
+ * p's lock), so that every pool of the device sees the others' (gpumem__pool_others). */
+static inline void gpumem__dev_reserved_add(gpumem__pool *p, int64_t delta) {
+  atomic_fetch_add_explicit(&p->ctx->dev_reserved[p->device], (uint64_t)delta, memory_order_relaxed);
+}
+
+/* What the device's other pools hold (the main pool and the graph pools: limit_bytes counts them all). Pool
+ * lock held. */
+static inline uint64_t gpumem__pool_others(const gpumem__pool *p) {
+  uint64_t all = atomic_load_explicit(&p->ctx->dev_reserved[p->device], memory_order_relaxed);
+  return all > p->st.reserved_bytes ? all - p->st.reserved_bytes : 0;
+}
+
+/* The limit left to p (0: none): limit_bytes less what the other pools of the device hold, at least 1
+ * byte (every growth then passes it). Pool lock held. */
+static inline uint64_t gpumem__pool_limit(const gpumem__pool *p) {
+  if (p->limit == 0) return 0;
+  uint64_t o = gpumem__pool_others(p);
+  return p->limit > o ? p->limit - o : 1;
+}
+
 #endif /* GPUMEM_POOL_H */

@@ -14,6 +14,13 @@ uint64_t gpumem__invariant_failures(const char **last) {
   return atomic_load_explicit(&g_failures, memory_order_relaxed);
 }
 
+/* For the tests: what the device's pools hold by the count the limit reads (gpumem__pool_others), which must
+ * equal the device's reserved_bytes in gpumem_get_stats (main pool and graph pools). */
+uint64_t gpumem__dev_reserved_bytes(gpumem_context *ctx, int device) {
+  if (ctx == NULL || device < 0 || device >= ctx->ndev) return 0;
+  return atomic_load_explicit(&ctx->dev_reserved[device], memory_order_relaxed);
+}
+
 static void failed(const char *what) {
   atomic_store_explicit(&g_last, what, memory_order_relaxed);
   atomic_fetch_add_explicit(&g_failures, 1, memory_order_relaxed);

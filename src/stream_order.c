@@ -785,6 +785,17 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
   gpumem__deferred *d = p->ctx->has_events ? malloc(sizeof *d + (n + 1) * sizeof d->ev[0]) : NULL;
   int ok = d != NULL;
   if (ok && gpumem__capturing(p->ctx)) n = 0; /* no event, no wait now: parked until the device is synchronised */
+  /* a capture the library has not met yet (none of its calls named the stream): an event recorded on a
+   * stream it captures, or on the NULL stream while a blocking stream of the device captures (CUDA's
+   * answer for the NULL stream covers those), would invalidate it: asked first, here only (a noted
+   * free), so parked the same way while one is under way or the backend cannot answer */
+  if (ok && n > 0 && p->ctx->cap_probe && gpumem__be_has_capture(p->ctx)) {
+    uint64_t id = 0;
+    int busy = gpumem__be_capture_quiet(p->ctx, p->device, stream, &id) != GPUMEM_CAPTURE_NONE;
+    for (uint32_t i = 0; !busy && i < u->n; i++)
+      busy = u->s[i] != stream && gpumem__be_capture_quiet(p->ctx, p->device, u->s[i], &id) != GPUMEM_CAPTURE_NONE;
+    if (busy) n = 0;
+  }
   uint32_t k = 0;
   for (uint32_t i = 0; ok && n > 0 && i < u->n; i++) {
     if (u->s[i] == stream) continue;

@@ -16,6 +16,7 @@ gpumem_status gpumem__seg_release(gpumem__pool *p, gpumem__segment *s) {
   block_free(p, b);
   gpumem__seg_unlink(p, s);
   p->st.reserved_bytes -= s->size;
+  gpumem__dev_reserved_add(p, -(int64_t)s->size);
   p->st.num_segments--;
   p->st.num_backend_frees++;
   free(s);

@@ -564,6 +564,98 @@ static void test_set_limit(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* limit_bytes is the device's: what its graph pools hold counts, for the main pool's growth and for
+ * theirs (found by fuzz_ops: a capture's pool and the main pool each grew to the limit). */
+static void check_limit_counts_graph_pools(int expandable) {
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.flags |= GPUMEM_CONFIG_NO_ENV;
+  cfg.expandable = expandable;
+  cfg.limit_bytes = 16u << 20;
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  gpumem_graph_pool *gp = NULL;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  void *g = NULL, *p = (void *)0x99, *q = NULL;
+  assert_status(gpumem_graph_pool_alloc(gp, 10u << 20, SA, &g), GPUMEM_OK);
+  /* 10 MiB of the 16 are the graph pool's: 8 more do not fit, on any path */
+  assert_status(gpumem_alloc(ctx, 0, 8u << 20, SA, &p), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(p, (void *)0x99);
+  assert_status(gpumem_alloc(ctx, 0, 4u << 20, SA, &q), GPUMEM_OK);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_true(st.reserved_bytes <= (16u << 20));
+  /* ... and the other way: the main pool's memory counts for the graph pool */
+  void *g2 = (void *)0x99;
+  assert_status(gpumem_graph_pool_alloc(gp, 4u << 20, SA, &g2), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(g2, (void *)0x99);
+  st = tu_stats(ctx, 0);
+  assert_true(st.reserved_bytes <= (16u << 20));
+  /* the graph pool's memory back: the 8 MiB fit */
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 8u << 20, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SA), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
+static void test_limit_counts_graph_pools(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  check_limit_counts_graph_pools(1);
+  check_limit_counts_graph_pools(0);
+}
+
+/* A trim that gives back a released pool's memory says so in *released: the device's reserved bytes
+ * go down by what it reports. */
+static void test_trim_counts_released_pool(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp = NULL;
+  void *g = NULL;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 4u << 20, SA, &g), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_OK); /* g live: the pool stays until it is freed */
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  gpumem_stats before = tu_stats(ctx, 0);
+  assert_true(before.reserved_bytes >= (4u << 20));
+  uint64_t rel = 0;
+  assert_status(gpumem_trim(ctx, 0, 0, &rel), GPUMEM_OK);
+  gpumem_stats after = tu_stats(ctx, 0);
+  assert_int_equal(after.reserved_bytes, 0);
+  assert_int_equal(rel, before.reserved_bytes - after.reserved_bytes);
+  tu_ctx_done(ctx);
+}
+
+/* A released pool whose memory the backend will not take back stays, counted for its device (the sim
+ * still holds that memory), and goes at a later trim. */
+static void test_released_pool_free_fails(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *gp = NULL;
+  void *g = NULL;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &gp), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_alloc(gp, 4u << 20, SA, &g), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_FREE, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(gp), GPUMEM_ERR_BACKEND);
+  uint64_t used = 0;
+  assert_status(gpumem_sim_used_bytes(0, &used), GPUMEM_OK);
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_true(used >= (4u << 20));
+  assert_int_equal(st.reserved_bytes, used);
+  gpumem_sim_fail_clear();
+  uint64_t rel = 0;
+  assert_status(gpumem_trim(ctx, 0, 0, &rel), GPUMEM_OK);
+  assert_int_equal(rel, used);
+  assert_status(gpumem_sim_used_bytes(0, &used), GPUMEM_OK);
+  assert_int_equal(used, 0);
+  assert_int_equal(tu_stats(ctx, 0).reserved_bytes, 0);
+  tu_ctx_done(ctx);
+}
+
 /* gpumem_graph_pool_alloc_at: a pool restored to a recorded state (PyTorch's checkpoints). */
 static void test_alloc_at_restores_state(void **state) {
   (void)state;
@@ -671,6 +763,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_destroy_with_live_graph_block, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_set_limit, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_limit_counts_graph_pools, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_trim_counts_released_pool, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_released_pool_free_fails, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_alloc_at_restores_state, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_alloc_at_bad_input, tu_setup, tu_teardown),
   };

@@ -210,6 +210,39 @@ static void test_event_and_sync_failure_parks(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* A noted free while a capture the library has not met is under way on the device (no call named its
+ * stream yet): an event on the NULL stream, or on the captured stream, would invalidate it, so the
+ * free asks first and parks the block without events until a device synchronisation (found by fuzz_ops
+ * with its capture operations on). */
+static void test_noted_free_during_unmet_capture(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_sim_set_delayed(1);
+  const size_t n = 4 * 1024 * 1024;
+  void *p, *q, *r;
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &p), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &q), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, p, SB), GPUMEM_OK);
+  assert_status(gpumem_record_stream(ctx, q, SC), GPUMEM_OK);
+  assert_status(gpumem_sim_stream_begin_capture(0, SC, GPUMEM_SIM_CAPTURE_GLOBAL), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK); /* NULL: the legacy stream, which the capture blocks */
+  assert_status(gpumem_free(ctx, q, SA), GPUMEM_OK);   /* noted on the captured stream */
+  assert_status(gpumem_alloc(ctx, 0, n, SA, &r), GPUMEM_OK);
+  assert_false(overlaps(p, n, r, n)); /* parked: B's work may be running */
+  assert_false(overlaps(q, n, r, n));
+  int inv = -1;
+  assert_status(gpumem_sim_stream_end_capture(0, SC, &inv), GPUMEM_OK);
+  assert_int_equal(inv, 0);
+  assert_status(gpumem_free(ctx, r, SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK); /* synchronises the device: the parked blocks go */
+  gpumem_stats st = tu_stats(ctx, 0);
+  assert_int_equal(st.allocated_bytes, 0);
+  assert_int_equal(st.reserved_bytes, 0);
+  tu_ctx_done(ctx);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   gpumem_context *ctx = tu_ctx_new(NULL);
@@ -372,6 +405,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_trim_and_reset_with_noted_blocks, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_event_failure_waits, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_event_and_sync_failure_parks, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_noted_free_during_unmet_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_notes, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_noted_block_ready_for_every_stream, tu_setup, tu_teardown),
