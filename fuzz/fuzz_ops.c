@@ -724,8 +724,8 @@ static void op_free(reader *r) {
   CHECK(s == GPUMEM_OK || (ARMED && s == GPUMEM_ERR_BACKEND), "free(%p): %s", W.b[i].p, SN(s));
   pend_commit(pk, s == GPUMEM_OK);
   if (s == GPUMEM_OK) {
-    void *p = W.b[i].p;
-    named(W.b[i].dev, st);
+    void *p = W.b[i].p; /* (a free does not always make its stream's capture known: the calling thread's cache
+                         * may take the block without asking, gpumem.h, ::gpumem_graph_pool) */
     model_drop(i);
     g_frees_ok++;
     size_t sz = 1;
@@ -783,7 +783,9 @@ static void op_trim(reader *r) {
   if (s == GPUMEM_OK) {
     CHECK(before.reserved_bytes - after.reserved_bytes == rel, "trim released %llu but reserved went %llu -> %llu",
           (unsigned long long)rel, (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes);
-    if (!ARMED && keep == 0) {
+    int caps = 0; /* (a capture the library may know of: the first trim's calls may learn it has ended) */
+    for (int c = 0; c < MAXCAP; c++) caps |= g_cap[c].state != CAP_NONE;
+    if (!ARMED && keep == 0 && !caps) {
       /* everything given back that can be: a second trim releases nothing */
       uint64_t rel2 = 99;
       s = gpumem_trim(W.ctx, dev, 0, &rel2);

@@ -387,8 +387,10 @@ GPUMEM_API gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gp
  * A capture nobody routed (cudaStreamBeginCapture with no gpumem_graph_pool_begin())
  * gets a pool of its own: with gpumem_config.capture_probe on (the default), the
  * library asks the backend at every allocation and free on a stream other than NULL
- * whether the stream is being captured, and from the capture's first allocation or
- * free the capture is known as a routed one is: its allocations, and those of the
+ * whether the stream is being captured (except for a free the calling thread's cache
+ * takes, keyed to that stream before the capture began: such a free gives memory of
+ * the main pool back to it, and the capture stays unknown until its next allocation), and
+ * from the capture's first allocation or other free the capture is known as a routed one is: its allocations, and those of the
  * streams joined to it, go to that pool, no call synchronises the device or frees
  * to it (gpumem_reset() gives ::GPUMEM_ERR_BUSY), and its memory is never handed to
  * work outside it. The library learns that such a capture has ended at the next

@@ -264,6 +264,14 @@ gpumem_status gpumem__be_event_destroy(gpumem_context *ctx, int dev, gpumem_even
 
 gpumem_status gpumem__be_event_record(gpumem_context *ctx, int dev, gpumem_event ev, gpumem_stream s) {
   if (!ctx->has_events) return GPUMEM_ERR_NOT_SUPPORTED;
+  /* while a capture is known, an event on the NULL (legacy) stream of a device where a stream is being
+   * captured would invalidate that capture (CUDA: cudaErrorStreamCaptureImplicit): refused here, as an
+   * event that could not be had (its frees then wait for a device synchronisation). The NULL stream's
+   * answer covers the device's blocking streams, as for gpumem_reset. */
+  if (s == NULL && gpumem__capturing(ctx)) {
+    uint64_t id = 0;
+    if (gpumem__be_capture_quiet(ctx, dev, NULL, &id) != GPUMEM_CAPTURE_NONE) return GPUMEM_ERR_BUSY;
+  }
   GPUMEM__CALL(ctx, "event_record", dev, ctx->be.event_record(&ctx->be, dev, ev, s));
 }
 

@@ -333,6 +333,10 @@ static __attribute__((noinline)) gpumem_status free_checked(gpumem_context *ctx,
   if (GPUMEM__UNLIKELY(atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0)) {
     gpumem__pool *bp = stream != NULL ? gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr) : NULL;
     if (bp != NULL) gpumem__graph_reap(ctx, gpumem__pool_device(bp), stream);
+    /* ... and a second capture, on this stream, is met here as the first was (another capture being
+     * known does not tell about this one) */
+    int failed = 0;
+    if (bp != NULL && ctx->cap_probe) (void)gpumem__graph_probe(ctx, gpumem__pool_device(bp), stream, &failed);
   } else if (stream != NULL && ctx->cap_probe && !gpumem__capturing(ctx)) {
     gpumem__pool *bp = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr); /* (the stream is of the block's device) */
     int failed = 0; /* (no pool for the capture: the free itself needs none) */

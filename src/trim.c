@@ -5,8 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Give a wholly free READY segment back. On a backend error it stays. */
+/* Give a wholly free READY segment back. On a backend error it stays; while a capture is known it stays
+ * too (GPUMEM_ERR_BUSY: a free to the driver would invalidate the capture), whichever path asked (a trim,
+ * the limit's room, an out-of-memory retry). */
 gpumem_status gpumem__seg_release(gpumem__pool *p, gpumem__segment *s) {
+  if (gpumem__capturing(p->ctx)) return GPUMEM_ERR_BUSY;
   gpumem_status st = p->dirty ? gpumem__settle(p) : GPUMEM_OK; /* its blocks may have been freed without an event */
   if (st != GPUMEM_OK) return st;
   st = gpumem__be_free(p->ctx, p->device, (void *)s->base);

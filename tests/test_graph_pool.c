@@ -656,6 +656,88 @@ static void test_released_pool_free_fails(void **state) {
   tu_ctx_done(ctx);
 }
 
+/* While a capture is known, work on the NULL stream of its device goes on without invalidating it: the
+ * events the pool would record on the NULL stream for its frees (refused by CUDA for the legacy stream
+ * while a blocking stream of the device is captured) are not recorded; those frees wait for a device
+ * synchronisation (found by fuzz_ops with its capture operations on). */
+static void test_null_stream_during_known_capture(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  void *warm[4], *g = NULL;
+  for (int i = 0; i < 4; i++) assert_status(gpumem_alloc(ctx, 0, (size_t)(i + 1) << 20, SB, &warm[i]), GPUMEM_OK);
+  for (int i = 0; i < 4; i++) assert_status(gpumem_free(ctx, warm[i], SB), GPUMEM_OK); /* a second stream: events */
+  capture_begin(SA);
+  assert_status(gpumem_alloc(ctx, 0, 1 << 20, SA, &g), GPUMEM_OK); /* the library meets the capture */
+  for (int i = 0; i < 32; i++) {
+    void *p = NULL;
+    assert_status(gpumem_alloc(ctx, 0, (size_t)(1 + i % 5) << 20, NULL, &p), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, p, NULL), GPUMEM_OK);
+  }
+  capture_end_intact(SA);
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  assert_status(gpumem_capture_ended(ctx, 0, SA), GPUMEM_OK);
+  assert_status(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK);
+  expect_empty_after_trim(ctx);
+  tu_ctx_done(ctx);
+}
+
+/* While a capture is known, no path frees a segment to the driver, the limit's making room included
+ * (a free there invalidated the capture: found by fuzz_ops with its capture operations on). */
+static void test_limit_room_during_capture(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_config cfg;
+  gpumem_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.flags |= GPUMEM_CONFIG_NO_ENV;
+  cfg.expandable = 0;
+  cfg.limit_bytes = 16u << 20;
+  gpumem_context *ctx = tu_ctx_new(&cfg);
+  void *p = NULL, *g = NULL, *q = (void *)0x99;
+  assert_status(gpumem_alloc(ctx, 0, 12u << 20, SB, &p), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, p, SB), GPUMEM_OK);
+  capture_begin(SA);
+  assert_status(gpumem_alloc(ctx, 0, 1u << 20, SA, &g), GPUMEM_OK); /* the capture's pool: 2 MiB */
+  /* 14 MiB fit only if the cached 12 MiB went back to the driver: not during the capture */
+  assert_status(gpumem_alloc(ctx, 0, 14u << 20, SB, &q), GPUMEM_ERR_LIMIT_EXCEEDED);
+  assert_ptr_equal(q, (void *)0x99);
+  capture_end_intact(SA);
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  assert_status(gpumem_capture_ended(ctx, 0, SA), GPUMEM_OK);
+  assert_status(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 14u << 20, SB, &q), GPUMEM_OK); /* now the room is made */
+  assert_status(gpumem_free(ctx, q, SB), GPUMEM_OK);
+  expect_empty_after_trim(ctx);
+  tu_ctx_done(ctx);
+}
+
+/* A second capture, begun while one is known, is met at its stream's first free as at its first
+ * allocation: when the first ends, the context stays in capture mode for it (a trim frees nothing to
+ * the driver, which would invalidate it). */
+static void test_second_capture_met_by_free(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  void *c[4], *g = NULL, *b = NULL;
+  for (int i = 0; i < 4; i++) assert_status(gpumem_alloc(ctx, 0, 4u << 20, NULL, &c[i]), GPUMEM_OK);
+  assert_status(gpumem_alloc(ctx, 0, 1u << 20, SB, &b), GPUMEM_OK);
+  capture_begin(SA);
+  assert_status(gpumem_alloc(ctx, 0, 1u << 20, SA, &g), GPUMEM_OK); /* the first capture, met */
+  assert_status(gpumem_sim_stream_begin_capture(0, SB, GPUMEM_SIM_CAPTURE_RELAXED), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, b, SB), GPUMEM_OK); /* the second one's first call */
+  for (int i = 0; i < 4; i++) assert_status(gpumem_free(ctx, c[i], NULL), GPUMEM_OK);
+  capture_end_intact(SA);
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  assert_status(gpumem_capture_ended(ctx, 0, SA), GPUMEM_OK);
+  assert_status(gpumem_trim(ctx, 0, 0, NULL), GPUMEM_OK);
+  capture_end_intact(SB);
+  assert_status(gpumem_capture_ended(ctx, 0, SB), GPUMEM_OK);
+  assert_status(gpumem_capture_pools_release(ctx, 0), GPUMEM_OK);
+  expect_empty_after_trim(ctx);
+  tu_ctx_done(ctx);
+}
+
 /* gpumem_graph_pool_alloc_at: a pool restored to a recorded state (PyTorch's checkpoints). */
 static void test_alloc_at_restores_state(void **state) {
   (void)state;
@@ -764,6 +846,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_set_limit, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_limit_counts_graph_pools, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_null_stream_during_known_capture, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_limit_room_during_capture, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_second_capture_met_by_free, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_trim_counts_released_pool, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_released_pool_free_fails, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_alloc_at_restores_state, tu_setup, tu_teardown),
