@@ -394,8 +394,7 @@ static mcap g_cap[MAXCAP];
 static int g_ncap, g_active = -1; /* captures so far (slots reused modulo MAXCAP), the one under way */
 static grange g_gr[MAXGR];
 static unsigned long long g_captures, g_capture_blocks;
-/* FUZZ_OPS_CAPTURE=1: capture operations on (off by default: what they still find is listed in
- * docs/RELIABILITY.md, "Captures the fuzzer found") */
+/* capture operations (FUZZ_OPS_CAPTURE=0: off, for an input found before they were added) */
 static int g_capture_ops;
 
 static int capturing(int dev, gpumem_stream st) {
@@ -1224,7 +1223,7 @@ static void report(void) {
 
 static void setup(void) {
   g_trace = getenv("FUZZ_OPS_TRACE") != NULL && *getenv("FUZZ_OPS_TRACE") == '1';
-  g_capture_ops = getenv("FUZZ_OPS_CAPTURE") != NULL && *getenv("FUZZ_OPS_CAPTURE") == '1';
+  g_capture_ops = getenv("FUZZ_OPS_CAPTURE") == NULL || *getenv("FUZZ_OPS_CAPTURE") != '0';
   setenv("GPUMEM_SIM_DEVICES", "2x64MiB", 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
   unsetenv("GPUMEM_LOG");
