@@ -392,12 +392,14 @@ static inline uint64_t gpumem__pool_others(const gpumem__pool *p) {
   return all > p->st.reserved_bytes ? all - p->st.reserved_bytes : 0;
 }
 
-/* The limit left to p (0: none): limit_bytes less what the other pools of the device hold, at least 1
- * byte (every growth then passes it). Pool lock held. */
+/* The limit left to p (0: none): limit_bytes less what the other pools of the device hold, and never
+ * less than what p holds (the others took the rest: p may still rearrange what it has, as moving idle
+ * chunks, but not grow). Pool lock held. */
 static inline uint64_t gpumem__pool_limit(const gpumem__pool *p) {
   if (p->limit == 0) return 0;
-  uint64_t o = gpumem__pool_others(p);
-  return p->limit > o ? p->limit - o : 1;
+  uint64_t o = gpumem__pool_others(p), own = p->st.reserved_bytes;
+  if (p->limit > o && p->limit - o > own) return p->limit - o;
+  return own > 0 ? own : 1;
 }
 
 #endif /* GPUMEM_POOL_H */
