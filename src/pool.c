@@ -711,7 +711,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     }
     s = n;
   }
-  gpumem__dev_reserved_add(p, (int64_t)(p->st.reserved_bytes - held_before));
+  gpumem__dev_reserved_add(p, (int64_t)p->st.reserved_bytes - (int64_t)held_before);
   p->st.allocated_bytes = 0;
   p->st.requested_bytes = 0;
   p->st.num_live = 0;
