@@ -330,17 +330,14 @@ static __attribute__((noinline)) gpumem_status free_checked(gpumem_context *ctx,
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   /* a free may record an event on its stream, which a capture must not have queried later: a capture
    * found here is known from now on (graph.c); one found before on this stream may have ended */
-  if (GPUMEM__UNLIKELY(atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0)) {
-    gpumem__pool *bp = stream != NULL ? gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr) : NULL;
-    if (bp != NULL) gpumem__graph_reap(ctx, gpumem__pool_device(bp), stream);
-    /* ... and a second capture, on this stream, is met here as the first was (another capture being
-     * known does not tell about this one) */
-    int failed = 0;
-    if (bp != NULL && ctx->cap_probe) (void)gpumem__graph_probe(ctx, gpumem__pool_device(bp), stream, &failed);
-  } else if (stream != NULL && ctx->cap_probe && !gpumem__capturing(ctx)) {
+  /* (a second capture, begun while one is known, is met here as the first was: another capture being known
+   * does not tell about this one) */
+  const int known = atomic_load_explicit(&ctx->nauto, memory_order_relaxed) > 0;
+  if (stream != NULL && (GPUMEM__UNLIKELY(known) || (ctx->cap_probe && !gpumem__capturing(ctx)))) {
     gpumem__pool *bp = gpumem__ptrmap_pool(&ctx->map, (uintptr_t)ptr); /* (the stream is of the block's device) */
     int failed = 0; /* (no pool for the capture: the free itself needs none) */
-    if (bp != NULL) (void)gpumem__graph_probe(ctx, gpumem__pool_device(bp), stream, &failed);
+    if (bp != NULL && known) gpumem__graph_reap(ctx, gpumem__pool_device(bp), stream);
+    if (bp != NULL && ctx->cap_probe) (void)gpumem__graph_probe(ctx, gpumem__pool_device(bp), stream, &failed);
   }
   if (GPUMEM__MON_ON(ctx)) return gpumem__monitor_free(ctx, ptr, stream); /* calls gpumem__free_unmonitored */
   if (GPUMEM__LIKELY(ctx->tc_on)) return gpumem__tc_free(ctx, ptr, stream);

@@ -373,6 +373,20 @@ static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp) {
   free(gp);
 }
 
+/* A released pool (caller holds ctx->lock, no capture under way): what is free goes back (added to
+ * *released), and a pool with nothing left goes. One whose segment the backend would not take stays
+ * (released, counted for its device) and is tried again at the next collection. Returns the trim's
+ * status. */
+static gpumem_status release_free_locked(gpumem_context *ctx, gpumem_graph_pool *gp, uint64_t *released) {
+  uint64_t rel = 0;
+  gpumem_status st = gpumem__pool_trim(gp->pool, 0, &rel);
+  *released += rel;
+  gpumem_stats ps;
+  gpumem__pool_get_stats(gp->pool, &ps);
+  if (ps.num_live == 0 && ps.reserved_bytes == 0) graph_destroy_locked(ctx, gp);
+  return st;
+}
+
 gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
   if (gp == NULL || gp->released) return GPUMEM_ERR_INVALID_ARGUMENT;
   gpumem_context *ctx = gp->ctx;
@@ -383,15 +397,8 @@ gpumem_status gpumem_graph_pool_release(gpumem_graph_pool *gp) {
     st = GPUMEM_ERR_INVALID_ARGUMENT;
   } else {
     gp->released = 1;
-    if (!gpumem__capturing(ctx)) {
-      /* what is free now goes back, the rest when freed; with nothing left the pool goes (one whose
-       * segment the backend would not take stays, counted, until a later collection gives it back) */
-      uint64_t rel = 0;
-      st = gpumem__pool_trim(gp->pool, 0, &rel);
-      gpumem_stats ps;
-      gpumem__pool_get_stats(gp->pool, &ps);
-      if (ps.num_live == 0 && ps.reserved_bytes == 0) graph_destroy_locked(ctx, gp);
-    }
+    uint64_t rel = 0;
+    if (!gpumem__capturing(ctx)) st = release_free_locked(ctx, gp, &rel); /* the rest when freed */
   }
   gpumem__mutex_unlock(&ctx->lock);
   return st;
@@ -452,16 +459,8 @@ void gpumem__graph_collect(gpumem_context *ctx, int destroy_all, int device, uin
     gpumem_graph_pool *gp = ctx->graphs;
     while (gp != NULL) {
       gpumem_graph_pool *n = gp->next;
-      if (gp->released && (device == GPUMEM_ALL_DEVICES || gp->device == device)) {
-        /* what is free goes back; a pool with nothing left goes too. One whose segment the backend would
-         * not take stays (released, counted for its device) and is tried again at the next collection */
-        uint64_t rel = 0;
-        (void)gpumem__pool_trim(gp->pool, 0, &rel);
-        rel_all += rel;
-        gpumem_stats st;
-        gpumem__pool_get_stats(gp->pool, &st);
-        if (st.num_live == 0 && st.reserved_bytes == 0) graph_destroy_locked(ctx, gp);
-      }
+      if (gp->released && (device == GPUMEM_ALL_DEVICES || gp->device == device))
+        (void)release_free_locked(ctx, gp, &rel_all);
       gp = n;
     }
   }

@@ -358,6 +358,12 @@ static inline int gpumem__be_capture_quiet(gpumem_context *ctx, int dev, gpumem_
   *capture_id = st == GPUMEM_CAPTURE_NONE ? 0 : id;
   return st;
 }
+/* The device's count of reserved bytes (ctx->dev_reserved) changed by delta: every place a pool's
+ * reserved_bytes changes (pool.h gpumem__dev_reserved_add; vmseg.c for chunks). */
+static inline void gpumem__dev_reserved_change(gpumem_context *ctx, int dev, int64_t delta) {
+  if (delta >= 0) atomic_fetch_add_explicit(&ctx->dev_reserved[dev], (uint64_t)delta, memory_order_relaxed);
+  else atomic_fetch_sub_explicit(&ctx->dev_reserved[dev], (uint64_t)-delta, memory_order_relaxed);
+}
 static inline int gpumem__capturing(const gpumem_context *ctx) {
   return atomic_load_explicit(&((gpumem_context *)ctx)->nroutes, memory_order_acquire) > 0;
 }

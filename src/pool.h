@@ -382,8 +382,7 @@ static inline void solo_note(gpumem__pool *p, gpumem_stream stream) {
 /* Bytes reserved on p's device: what p holds changed by delta (kept with p->st.reserved_bytes, under
  * p's lock), so that every pool of the device sees the others' (gpumem__pool_others). */
 static inline void gpumem__dev_reserved_add(gpumem__pool *p, int64_t delta) {
-  if (delta >= 0) atomic_fetch_add_explicit(&p->ctx->dev_reserved[p->device], (uint64_t)delta, memory_order_relaxed);
-  else atomic_fetch_sub_explicit(&p->ctx->dev_reserved[p->device], (uint64_t)-delta, memory_order_relaxed);
+  gpumem__dev_reserved_change(p->ctx, p->device, delta);
 }
 
 /* What the device's other pools hold (the main pool and the graph pools: limit_bytes counts them all). Pool

@@ -220,14 +220,14 @@ static uint32_t chunk_limit(gpumem__vmpool *vp) {
 
 static void held_add(gpumem__vmpool *vp, uint32_t len) {
   vp->st->reserved_bytes += (uint64_t)len * vp->gran;
-  atomic_fetch_add_explicit(&vp->ctx->dev_reserved[vp->dev], (uint64_t)len * vp->gran, memory_order_relaxed);
+  gpumem__dev_reserved_change(vp->ctx, vp->dev, (int64_t)((uint64_t)len * vp->gran));
   if (vp->st->reserved_bytes > vp->st->reserved_peak) vp->st->reserved_peak = vp->st->reserved_bytes;
   vp->st->num_backend_allocs++;
 }
 
 static void held_sub(gpumem__vmpool *vp, uint32_t len) {
   vp->st->reserved_bytes -= (uint64_t)len * vp->gran;
-  atomic_fetch_sub_explicit(&vp->ctx->dev_reserved[vp->dev], (uint64_t)len * vp->gran, memory_order_relaxed);
+  gpumem__dev_reserved_change(vp->ctx, vp->dev, -(int64_t)((uint64_t)len * vp->gran));
   vp->st->num_backend_frees++;
 }
 
