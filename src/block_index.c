@@ -6,7 +6,7 @@
 #include <string.h>
 
 int gpumem__block_slab_add(gpumem__pool *p) {
-  gpumem__slab *s = aligned_alloc(_Alignof(gpumem__slab), sizeof *s); /* the blocks' 32-byte alignment */
+  gpumem__slab *s = gpumem__aligned_alloc(_Alignof(gpumem__slab), sizeof *s); /* the blocks' 32-byte alignment */
   if (s == NULL) return -1;
   s->next = p->slabs;
   p->slabs = s;
@@ -33,7 +33,7 @@ gpumem__fidx *gpumem__fidx_new(gpumem__pool *p, int kind) {
     f->next_free = NULL;
     return f; /* recycled fidx are empty: heads NULL, bitmaps 0 */
   }
-  f = malloc(sizeof *f);
+  f = gpumem__malloc(sizeof *f);
   if (f == NULL) return NULL;
   gpumem__fidx_clear(f, kind);
   return f;

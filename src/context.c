@@ -16,7 +16,7 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   gpumem__options opt;
   gpumem_status st = gpumem__options_resolve(cfg, &opt);
   if (st != GPUMEM_OK) return st;
-  gpumem_context *ctx = calloc(1, sizeof *ctx);
+  gpumem_context *ctx = gpumem__calloc(1, sizeof *ctx);
   if (ctx == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   ctx->opt = opt;
   /* per-thread caches: not with a release threshold (it counts every free block) */
@@ -28,11 +28,11 @@ gpumem_status gpumem_create(const gpumem_config *cfg, gpumem_context **out) {
   st = gpumem__backend_open(ctx);
   ctx->fork_gen = gpumem__fork_init(); /* after the backend's own atfork handlers: ours run first at fork */
   if (st != GPUMEM_OK) goto fail_map;
-  ctx->pools = calloc((size_t)ctx->ndev, sizeof *ctx->pools);
-  ctx->devinfo = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
-  ctx->devinfo_ok = calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
-  ctx->reset_gen = calloc((size_t)ctx->ndev, sizeof *ctx->reset_gen);
-  ctx->dev_reserved = calloc((size_t)ctx->ndev, sizeof *ctx->dev_reserved);
+  ctx->pools = gpumem__calloc((size_t)ctx->ndev, sizeof *ctx->pools);
+  ctx->devinfo = gpumem__calloc((size_t)ctx->ndev, sizeof *ctx->devinfo);
+  ctx->devinfo_ok = gpumem__calloc((size_t)ctx->ndev, sizeof *ctx->devinfo_ok);
+  ctx->reset_gen = gpumem__calloc((size_t)ctx->ndev, sizeof *ctx->reset_gen);
+  ctx->dev_reserved = gpumem__calloc((size_t)ctx->ndev, sizeof *ctx->dev_reserved);
   if (ctx->pools == NULL || ctx->devinfo == NULL || ctx->devinfo_ok == NULL || ctx->reset_gen == NULL ||
       ctx->dev_reserved == NULL) {
     st = GPUMEM_ERR_OUT_OF_MEMORY;

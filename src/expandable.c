@@ -440,7 +440,7 @@ static inline size_t vm_pick_need(const vm_pick *k) {
 
 /* A new expandable segment for class rcls, holding at least rsize bytes; *out = its (READY) block. */
 static gpumem_status vm_seg_open(gpumem__pool *p, size_t rsize, int rcls, gpumem__block **out) {
-  gpumem__segment *s = calloc(1, sizeof *s);
+  gpumem__segment *s = gpumem__calloc(1, sizeof *s);
   if (s == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   uintptr_t base = 0;
   size_t size = 0;
@@ -551,7 +551,7 @@ int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
   uintptr_t a = 0;
   size_t n = 0, k = 0;
   for (uintptr_t at = s->base; at < end && gpumem__vm_next_alias(s->vm, at, &a, &n) && a < end; at = a + n) k++;
-  gpumem__deferred **recs = k > 0 ? calloc(k, sizeof *recs) : NULL;
+  gpumem__deferred **recs = k > 0 ? gpumem__calloc(k, sizeof *recs) : NULL;
   int ok = (k == 0 || recs != NULL) && block_reserve(p, 2 * k + 1) == 0; /* an alias and a gap each, and the rest */
   for (size_t i = 0; ok && i < k; i++) ok = (recs[i] = gpumem__park_rec_new()) != NULL;
   if (!ok) {

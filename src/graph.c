@@ -70,7 +70,7 @@ static int route_add_locked(gpumem_context *ctx, gpumem_graph_pool *gp, gpumem_s
   int n = atomic_load_explicit(&ctx->nroutes, memory_order_relaxed);
   if ((size_t)n == ctx->route_cap) {
     size_t cap = ctx->route_cap ? ctx->route_cap * 2 : 4;
-    gpumem__route *r = realloc(ctx->routes, cap * sizeof *r);
+    gpumem__route *r = gpumem__realloc(ctx->routes, cap * sizeof *r);
     if (r == NULL) return 0;
     ctx->routes = r;
     ctx->route_cap = cap;
@@ -168,7 +168,7 @@ static gpumem_graph_pool *capture_pool(gpumem_context *ctx, int device, gpumem_s
   if (gp != NULL) return gp;
   /* made outside the lock (pool creation takes its own); another thread of the capture may make one
    * meanwhile, and then this one goes */
-  gpumem_graph_pool *mine = calloc(1, sizeof *mine);
+  gpumem_graph_pool *mine = gpumem__calloc(1, sizeof *mine);
   if (mine == NULL || gpumem__pool_create_graph(ctx, device, &mine->pool) != GPUMEM_OK) {
     free(mine);
     *failed = 1;
@@ -241,7 +241,7 @@ gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_g
   if (ctx == NULL || out == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
   if (device < 0 || device >= ctx->ndev) return GPUMEM_ERR_INVALID_DEVICE;
-  gpumem_graph_pool *gp = calloc(1, sizeof *gp);
+  gpumem_graph_pool *gp = gpumem__calloc(1, sizeof *gp);
   if (gp == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   gpumem_status st = gpumem__pool_create_graph(ctx, device, &gp->pool);
   if (st != GPUMEM_OK) {

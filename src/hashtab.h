@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+void *gpumem__calloc(size_t n, size_t size); /* hostmem.c (internal.h includes this file) */
+
 #if defined(__GNUC__) || defined(__clang__)
 #  define GPUMEM__HT_LIKELY(x) __builtin_expect(!!(x), 1)
 #else
@@ -76,7 +78,7 @@ static inline void gpumem__ht_delete(void *slots, size_t esize, size_t mask, siz
 static inline void *gpumem__ht_doubled(void *old, size_t *cap, size_t first, size_t esize, gpumem__ht_key_fn keyf,
                                        gpumem__ht_home_fn homef) {
   const size_t ocap = *cap, ncap = ocap ? ocap * 2 : first, mask = ncap - 1;
-  void *ns = calloc(ncap, esize);
+  void *ns = gpumem__calloc(ncap, esize);
   if (ns == NULL) return NULL;
   for (size_t i = 0; i < ocap; i++) {
     const void *s = (const char *)old + i * esize;

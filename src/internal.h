@@ -9,6 +9,7 @@
  *   backend.c                       registry, selection, the ONLY caller of the vtable, last backend error
  *   options.c  log.c  status.c      configuration, logging, status strings
  *   fork.c  sync.c                  fork detection and the atfork handlers (fork.h), the mutex (sync.h)
+ *   hostmem.c                       the core's host memory (every malloc of the core; faults for tests)
  *
  * Nothing here is public; every name starts with gpumem__.
  */
@@ -475,6 +476,22 @@ gpumem_status gpumem__free_unmonitored(gpumem_context *ctx, void *ptr, gpumem_st
  * Compiled in every build; tests may call it. Takes each pool lock in turn.
  */
 gpumem_status gpumem__check_invariants(gpumem_context *ctx);
+
+/* ---------------------------------------------------------------------- */
+/* Host memory (hostmem.c)                                                 */
+/* The core allocates host memory only through these (free() gives it back), so that a test can
+ * make any one allocation fail. They behave as malloc, calloc, realloc and aligned_alloc. */
+void *gpumem__malloc(size_t n);
+void *gpumem__calloc(size_t n, size_t size);
+void *gpumem__realloc(void *p, size_t n);
+void *gpumem__aligned_alloc(size_t align, size_t n);
+/** For tests (not API): after `after` more host allocations of the core succeed, the next fails, and
+ *  every later one too when persist is set, until gpumem__host_fault_clear. Not for concurrent use
+ *  with another arm or clear. */
+void gpumem__host_fault_arm(uint64_t after, int persist);
+void gpumem__host_fault_clear(void);
+/** For tests: host allocations failed since the last arm. */
+uint64_t gpumem__host_fault_count(void);
 /**
  * For tests (not API): how many invariant checks have failed in this process (pool_check.c counts
  * every failure it logs). GPUMEM_DEBUG builds check after every call and only log, so the test

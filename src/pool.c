@@ -11,7 +11,7 @@
 int gpumem__pool_device(const gpumem__pool *pool) { return pool->device; }
 
 gpumem_status gpumem__seg_create(gpumem__pool *p, size_t size, int cls, gpumem__segment **out) {
-  gpumem__segment *s = calloc(1, sizeof *s);
+  gpumem__segment *s = gpumem__calloc(1, sizeof *s);
   if (s == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   void *mem = NULL;
   gpumem_status st = gpumem__be_malloc(p->ctx, p->device, size, &mem);
@@ -247,6 +247,18 @@ static void oom_report_log(gpumem__pool *p, const char *report) {
   LOG(p, GPUMEM_LOG_WARN, "%s%s", report, peers);
 }
 
+/* A free block of a stream that has no record (no host memory for one): usable by every stream once
+ * the device has been synchronised. While it cannot be (the synchronisation fails, or a capture is
+ * under way, which a synchronisation would invalidate), the stream's work on the block may still be
+ * running: it waits with the orphans, which the next device synchronisation makes READY. (Made at
+ * pool creation, the orphans' set needs no host memory here.) */
+static void place_unrecorded(gpumem__pool *p, gpumem__block *b) {
+  if (!gpumem__capturing(p->ctx) && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK)
+    insert_coalesce(p, p->ready, b);
+  else
+    insert_coalesce(p, p->orphans, b);
+}
+
 gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream stream, const char *tag, void **out,
                                  gpumem__tc_acct *acct) {
   if (size > SIZE_MAX - (GPUMEM__LARGE_ROUND - 1)) return GPUMEM_ERR_INVALID_ARGUMENT; /* rounding would overflow */
@@ -294,8 +306,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
           b->fseq = ++r->seq;
           insert_coalesce(p, r->idx, b);
         } else {
-          (void)gpumem__be_device_synchronize(ctx, p->device);
-          insert_coalesce(p, p->ready, b);
+          place_unrecorded(p, b);
         }
         gpumem__mutex_unlock(&p->lock);
         return GPUMEM_ERR_OUT_OF_MEMORY;
@@ -487,9 +498,7 @@ void gpumem__free_place(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
     insert_coalesce(p, r->idx, b);
     if (named) gpumem__stream_touch(p, r); /* the event for other streams is recorded now, on the stream of this call */
   } else {
-    /* no host memory for a stream record: wait, then the block is usable by all */
-    (void)gpumem__be_device_synchronize(p->ctx, p->device);
-    insert_coalesce(p, p->ready, b);
+    place_unrecorded(p, b);
   }
 }
 
@@ -655,8 +664,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
     p->ffree = n;
   }
   gpumem__fidx_clear(p->ready, IDX_READY);
-  free(p->orphans);
-  p->orphans = NULL;
+  gpumem__fidx_clear(p->orphans, IDX_ORPHAN);
   p->empty = NULL;
   p->empty_bytes = 0;
   /* 3. every block struct is unused now */
@@ -832,20 +840,23 @@ static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gp
   memset(&info, 0, sizeof info);
   gpumem_status st = gpumem__be_device_info(ctx, device, &info);
   if (st != GPUMEM_OK) return st;
-  gpumem__pool *p = calloc(1, sizeof *p);
+  gpumem__pool *p = gpumem__calloc(1, sizeof *p);
   if (p == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   p->ctx = ctx;
   p->device = device;
   p->total = info.total_bytes;
   p->st.struct_size = (uint32_t)sizeof(gpumem_stats);
   p->limit = gpumem__options_limit(&ctx->opt, p->total);
-  p->ready = malloc(sizeof *p->ready);
-  if (p->ready == NULL || gpumem__mutex_init(&p->lock) != 0) {
+  p->ready = gpumem__malloc(sizeof *p->ready);
+  p->orphans = gpumem__malloc(sizeof *p->orphans); /* made now: place_unrecorded needs it when the host has no memory */
+  if (p->ready == NULL || p->orphans == NULL || gpumem__mutex_init(&p->lock) != 0) {
+    free(p->orphans);
     free(p->ready);
     free(p);
     return GPUMEM_ERR_OUT_OF_MEMORY;
   }
   gpumem__fidx_clear(p->ready, IDX_READY);
+  gpumem__fidx_clear(p->orphans, IDX_ORPHAN);
   gpumem__fidx_clear(&p->deferred_set, IDX_DEFERRED);
   p->graph = graph;
   p->reap_at = SREC_REAP_MIN;
@@ -911,6 +922,7 @@ void gpumem__pool_destroy(gpumem__pool *p) {
   free(p->stab);
   free(p->evcache);
   free(p->ready);
+  free(p->orphans);
   gpumem__vm_pool_free(p->vm);
   gpumem__mutex_destroy(&p->lock);
   free(p);

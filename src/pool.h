@@ -182,8 +182,8 @@ struct gpumem__pool {
   size_t reap_at;              /* scount at which the end of a free looks for idle records (stream_order.c) */
   uint64_t sweeps;             /* sweeps of the stream records so far */
   uint64_t polls;              /* gpumem__poll_pending calls so far */
-  gpumem__fidx *orphans;       /* free blocks of streams not named for a sweep, ready after a device
-                                * synchronisation (NULL until the first; never searched) */
+  gpumem__fidx *orphans;       /* free blocks of streams not named for a sweep, or with no record (host out of
+                                * memory): ready after a device synchronisation (made with the pool; never searched) */
   /* Frees of blocks noted on other streams (gpumem_record_stream), waiting for those streams'
    * events; such a block's idx is &deferred_set (in no TLSF: no search finds it). */
   struct gpumem__deferred *deferred;

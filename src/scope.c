@@ -50,7 +50,7 @@ gpumem_status gpumem_scope_begin(gpumem_context *ctx, int device, gpumem_stream 
   int count = 0;
   (void)gpumem_device_count(ctx, &count);
   if (device < 0 || device >= count) return GPUMEM_ERR_INVALID_DEVICE;
-  gpumem_scope *s = calloc(1, sizeof *s);
+  gpumem_scope *s = gpumem__calloc(1, sizeof *s);
   if (s == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   s->ctx = ctx;
   s->device = device;
@@ -68,7 +68,7 @@ gpumem_status gpumem_scope_alloc(gpumem_scope *scope, size_t size, void **out_pt
   }
   if (scope->n == scope->cap) { /* grow first, so that a host failure leaves nothing allocated */
     size_t ncap = scope->cap ? scope->cap * 2 : 16;
-    void **np = realloc(scope->ptrs, ncap * sizeof *np);
+    void **np = gpumem__realloc(scope->ptrs, ncap * sizeof *np);
     if (np == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
     scope->ptrs = np;
     scope->cap = ncap;

@@ -470,7 +470,7 @@ gpumem__pshare *gpumem__share_join(gpumem__pool *p, const gpumem_backend_device_
   gpumem_context *ctx = p->ctx;
   int share = strcmp(ctx->opt.share, "off") != 0 && !info->private_device;
   if (!share && ctx->opt.watch_interval_ms == 0) return NULL;
-  gpumem__pshare *ps = calloc(1, sizeof *ps);
+  gpumem__pshare *ps = gpumem__calloc(1, sizeof *ps);
   if (ps == NULL) return NULL;
   if (gpumem__mutex_init(&ps->jlock) != 0) {
     free(ps);

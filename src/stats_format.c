@@ -132,8 +132,8 @@ gpumem_status gpumem_stats_format(gpumem_context *ctx, int device, gpumem_stats_
   gpumem_stats *snap = one_stack;
   int *devs = dev_stack;
   if (ndev > 4) {
-    snap = calloc((size_t)ndev, sizeof *snap);
-    devs = calloc((size_t)ndev, sizeof *devs);
+    snap = gpumem__calloc((size_t)ndev, sizeof *snap);
+    devs = gpumem__calloc((size_t)ndev, sizeof *devs);
     if (snap == NULL || devs == NULL) {
       free(snap);
       free(devs);

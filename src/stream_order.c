@@ -10,7 +10,7 @@ gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s) {
   if (r != NULL) return r;
   if ((p->scount + 1) * 2 > p->scap) {
     size_t ncap = p->scap ? p->scap * 2 : 8;
-    gpumem__srec **nt = calloc(ncap, sizeof *nt);
+    gpumem__srec **nt = gpumem__calloc(ncap, sizeof *nt);
     if (nt == NULL) return NULL;
     for (size_t i = 0; i < p->scap; i++) {
       if (p->stab[i] == NULL) continue;
@@ -22,7 +22,7 @@ gpumem__srec *gpumem__srec_get(gpumem__pool *p, gpumem_stream s) {
     p->stab = nt;
     p->scap = ncap;
   }
-  r = calloc(1, sizeof *r);
+  r = gpumem__calloc(1, sizeof *r);
   if (r == NULL) return NULL;
   r->idx = gpumem__fidx_new(p, IDX_STREAM);
   if (r->idx == NULL) {
@@ -75,7 +75,6 @@ static int srec_idle(const gpumem__pool *p, const gpumem__srec *r) {
 static int srec_orphan(gpumem__pool *p, gpumem__srec *r) {
   if (r->idx->nblocks == 0 || r->batches != NULL || r->has_mark || r == p->solo_r || p->graph) return 0;
   if (r->sweep == p->sweeps) return 0; /* named since the last sweep: it may be named again soon */
-  if (p->orphans == NULL && (p->orphans = gpumem__fidx_new(p, IDX_ORPHAN)) == NULL) return 0;
   gpumem__drain_to(p, r->idx, p->orphans);
   return 1;
 }
@@ -119,7 +118,7 @@ size_t gpumem__srec_reap(gpumem__pool *p) {
   if (dropped > 0) {
     size_t ncap = 8;
     while ((keep + 1) * 2 > ncap) ncap *= 2;
-    gpumem__srec **nt = calloc(ncap, sizeof *nt);
+    gpumem__srec **nt = gpumem__calloc(ncap, sizeof *nt);
     if (nt == NULL) { /* no host memory for the smaller table: keep every record, try at a later sweep */
       dropped = 0;
     } else {
@@ -168,7 +167,7 @@ static gpumem_status ev_get(gpumem__pool *p, gpumem_event *ev) {
 static void ev_put(gpumem__pool *p, gpumem_event ev) {
   if (p->nev == p->evcap) {
     size_t ncap = p->evcap ? p->evcap * 2 : 8;
-    gpumem_event *n = realloc(p->evcache, ncap * sizeof *n);
+    gpumem_event *n = gpumem__realloc(p->evcache, ncap * sizeof *n);
     if (n == NULL) {
       (void)gpumem__be_event_destroy(p->ctx, p->device, ev);
       return;
@@ -194,7 +193,7 @@ gpumem__batch *gpumem__harvest(gpumem__pool *p, gpumem__srec *r, int with_event)
   }
   gpumem__batch *b = p->batch_free;
   if (b != NULL) p->batch_free = b->next;
-  else b = malloc(sizeof *b);
+  else b = gpumem__malloc(sizeof *b);
   gpumem__fidx *nf = b != NULL ? gpumem__fidx_new(p, IDX_STREAM) : NULL;
   if (nf == NULL) {
     if (b != NULL) {
@@ -458,7 +457,7 @@ void gpumem__stream_touch(gpumem__pool *p, gpumem__srec *r) {
  * stream's index); pool_pending: that, or READY holds blocks whose stream work may be pending (a
  * single-stream pool's "dirty" READY). */
 int gpumem__pool_pending_blocks(const gpumem__pool *p) {
-  if (p->npending > 0 || (p->orphans != NULL && p->orphans->nblocks > 0)) return 1;
+  if (p->npending > 0 || p->orphans->nblocks > 0) return 1;
   for (const gpumem__srec *r = p->sfirst; r != NULL; r = r->onext)
     if (r->idx->nblocks > 0) return 1;
   return 0;
@@ -606,7 +605,7 @@ void gpumem__sync_all(gpumem__pool *p) {
     while (p->pending_head != NULL) batch_complete(p, p->pending_head);
     for (gpumem__srec *r = p->sfirst; r != NULL; r = r->onext)
       if (r->idx->nblocks > 0) gpumem__drain_to_ready(p, r->idx);
-    if (p->orphans != NULL && p->orphans->nblocks > 0) gpumem__drain_to_ready(p, p->orphans);
+    if (p->orphans->nblocks > 0) gpumem__drain_to_ready(p, p->orphans);
     return;
   }
   if (p->ndeferred > 0) gpumem__poll_deferred(p, GPUMEM__DEFER_WAIT);
@@ -682,7 +681,7 @@ void gpumem__pool_inflight(const gpumem__pool *p, const gpumem__srec *r, uint64_
     if (s == r) o += gpumem__srec_pending_bytes(s);
     else t += gpumem__srec_pending_bytes(s);
   }
-  if (p->orphans != NULL) t += p->orphans->bytes;
+  t += p->orphans->bytes;
   for (const gpumem__deferred *d = p->deferred; d != NULL; d = d->next)
     if (!d->lent) n += d->b->size; /* (a lent block's memory is in use under another block) */
   *own = o;
@@ -725,7 +724,7 @@ void gpumem__pool_pending_describe(const gpumem__pool *p, char *buf, size_t cap)
   if (nblocks > 0)
     gpumem__bappend(buf, cap, &at, "%s%llu bytes in %llu %s waiting for streams noted by gpumem_record_stream",
         at == 0 ? "" : ", ", (unsigned long long)nbytes, (unsigned long long)nblocks, blocks_word(nblocks));
-  if (p->orphans != NULL && p->orphans->nblocks > 0)
+  if (p->orphans->nblocks > 0)
     gpumem__bappend(buf, cap, &at, "%s%llu bytes in %llu %s of streams not named lately (until a device synchronisation)",
         at == 0 ? "" : ", ", (unsigned long long)p->orphans->bytes, (unsigned long long)p->orphans->nblocks,
         blocks_word(p->orphans->nblocks));
@@ -751,7 +750,7 @@ gpumem_status gpumem__pool_record_stream(gpumem__pool *p, void *ptr, gpumem_stre
     if (u->s[i] == stream) goto out; /* noted already */
   if (u == NULL || u->n == u->cap) {
     uint32_t cap = u == NULL ? 2 : u->cap * 2;
-    gpumem__uses *nu = realloc(u, sizeof *nu + cap * sizeof nu->s[0]);
+    gpumem__uses *nu = gpumem__realloc(u, sizeof *nu + cap * sizeof nu->s[0]);
     if (nu == NULL) {
       st = GPUMEM_ERR_OUT_OF_MEMORY;
       goto out;
@@ -771,7 +770,7 @@ out:
 }
 
 /* A free of b (counted already) on `stream`, b noted on other streams: events on those, b parked.
- * Returns 1 when parked, 0 when the caller frees it at once (no other stream, or the wait was done
+ * Returns 1 when it is held here (parked, or with the orphans), 0 when the caller frees it at once (no other stream, or the wait was done
  * here because no event or host memory could be had). */
 int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) {
   gpumem__uses *u = b->uses;
@@ -782,7 +781,7 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
     free(u);
     return 0;
   }
-  gpumem__deferred *d = p->ctx->has_events ? malloc(sizeof *d + (n + 1) * sizeof d->ev[0]) : NULL;
+  gpumem__deferred *d = p->ctx->has_events ? gpumem__malloc(sizeof *d + (n + 1) * sizeof d->ev[0]) : NULL;
   int ok = d != NULL;
   if (ok && gpumem__capturing(p->ctx)) n = 0; /* no event, no wait now: parked until the device is synchronised */
   /* a capture the library has not met yet (none of its calls named the stream): an event recorded on a
@@ -813,13 +812,19 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
   free(u);
   if (!ok) {
     /* no event or no host memory: wait for the device here, then b is free as usual; if the device
-     * cannot be synchronised either, the noted streams' work may still be running: b is parked
-     * without events until a device synchronisation succeeds (as during a capture) */
-    for (uint32_t i = 0; i < k; i++) ev_put(p, d->ev[i]);
-    const int synced = gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK;
-    if (synced || d == NULL) { /* (no host memory and no synchronisation: nothing is left to hold it with) */
+     * cannot be synchronised either (or a capture is under way, which a synchronisation would
+     * invalidate), the noted streams' work may still be running: b is parked without events until a
+     * device synchronisation succeeds, or, with no host memory for that, waits with the orphans,
+     * which the next device synchronisation makes READY */
+    for (uint32_t i = 0; d != NULL && i < k; i++) ev_put(p, d->ev[i]);
+    const int synced = !gpumem__capturing(p->ctx) && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK;
+    if (synced) {
       free(d);
       return 0;
+    }
+    if (d == NULL) {
+      insert_coalesce(p, p->orphans, b);
+      return 1;
     }
     k = 0;
     n = 0;
@@ -845,7 +850,7 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
 }
 
 gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream) {
-  gpumem__deferred *d = malloc(sizeof *d + sizeof d->ev[0]);
+  gpumem__deferred *d = gpumem__malloc(sizeof *d + sizeof d->ev[0]);
   if (d == NULL) return NULL;
   if (ev_get(p, &d->ev[0]) != GPUMEM_OK) {
     free(d);
@@ -865,7 +870,7 @@ gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream) {
 }
 
 gpumem__deferred *gpumem__park_rec_new(void) {
-  gpumem__deferred *d = malloc(sizeof *d);
+  gpumem__deferred *d = gpumem__malloc(sizeof *d);
   if (d == NULL) return NULL;
   d->nev = 0; /* no event: a device synchronisation (DEFER_SYNCED) lets it go */
   d->own = 0;

@@ -325,7 +325,7 @@ static gpumem__tc *tc_self(void) {
   if (tls_dead) return NULL;
   (void)pthread_once(&g_once, key_init);
   if (!g_key_ok) return NULL;
-  c = calloc(1, sizeof *c);
+  c = gpumem__calloc(1, sizeof *c);
   if (c == NULL) return NULL;
   tc_init(c);
   if (pthread_setspecific(g_key, c) != 0) {

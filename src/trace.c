@@ -254,7 +254,7 @@ static char *expand_path(const char *path, unsigned long ctx_no) {
   size_t n = strlen(path), cap = n + 1;
   for (size_t i = 0; i + 1 < n; i++)
     if (path[i] == '%' && (path[i + 1] == 'p' || path[i + 1] == 'c')) cap += 24;
-  char *out = malloc(cap);
+  char *out = gpumem__malloc(cap);
   if (out == NULL) return NULL;
   size_t w = 0;
   for (size_t i = 0; i < n; i++) {
@@ -330,11 +330,11 @@ static gpumem_status trace_open_locked(gpumem_context *ctx, const char *path, co
                 "%s=%s: gzip output is not supported; record plain text and compress it afterwards", what, path);
     return GPUMEM_ERR_NOT_SUPPORTED;
   }
-  struct gpumem__trace *t = calloc(1, sizeof *t);
+  struct gpumem__trace *t = gpumem__calloc(1, sizeof *t);
   if (t == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   t->path = expand_path(path, atomic_fetch_add(&g_ctx_counter, 1));
   t->fd = -1;
-  t->buf = malloc(TRACE_BUF);
+  t->buf = gpumem__malloc(TRACE_BUF);
   if (t->buf == NULL || t->path == NULL || map_grow(t) != 0) {
     trace_free_struct(t);
     return GPUMEM_ERR_OUT_OF_MEMORY;
@@ -426,7 +426,7 @@ gpumem_status gpumem__monitor_init(gpumem_context *ctx) {
   }
   if (len > 0) {
     gpumem_status st;
-    char *path = malloc(len + 1);
+    char *path = gpumem__malloc(len + 1);
     if (path == NULL) {
       st = GPUMEM_ERR_OUT_OF_MEMORY;
     } else {
@@ -538,7 +538,7 @@ static gpumem__leak *live_blocks(gpumem__pool *pool, size_t *n) {
   gpumem__pool_live(pool, &count, &bytes, NULL, 0, &nfirst);
   /* a little slack for blocks handed out meanwhile (a reset racing allocations is the caller's bug anyway) */
   size_t max = (size_t)count + 64;
-  gpumem__leak *live = calloc(max, sizeof *live);
+  gpumem__leak *live = gpumem__calloc(max, sizeof *live);
   if (live == NULL) return NULL;
   count = 0;
   gpumem__pool_live(pool, &count, &bytes, live, max, &nfirst);
@@ -584,7 +584,7 @@ static void trace_reset_locked(struct gpumem__trace *t, int device) {
   for (size_t i = 0; i < t->cap; i++)
     if (t->slots[i].key != 0 && t->slots[i].device == device) n_dev++;
   if (n_dev == 0) return;
-  trace_slot *v = malloc(n_dev * sizeof *v);
+  trace_slot *v = gpumem__malloc(n_dev * sizeof *v);
   if (v == NULL) {
     if (!t->write_error) t->write_error = ENOMEM;
     return;

@@ -153,7 +153,7 @@ gpumem__vmpool *gpumem__vm_pool_new(gpumem_context *ctx, int device, uint64_t to
     gpumem__log(&ctx->opt.log, GPUMEM_LOG_WARN, "device %d: vm granularity %zu unusable: plain segments", device, g);
     return NULL;
   }
-  gpumem__vmpool *vp = calloc(1, sizeof *vp);
+  gpumem__vmpool *vp = gpumem__calloc(1, sizeof *vp);
   if (vp == NULL) return NULL;
   vp->ctx = ctx;
   vp->dev = device;
@@ -236,7 +236,7 @@ static void held_sub(gpumem__vmpool *vp, uint32_t len) {
 static int spare_push(gpumem__vmpool *vp, gpumem_phys_handle h, uint32_t len) {
   if (vp->nspare == vp->capspare) {
     size_t ncap = vp->capspare ? vp->capspare * 2 : 8;
-    spare_chunk *n = realloc(vp->spare, ncap * sizeof *n);
+    spare_chunk *n = gpumem__realloc(vp->spare, ncap * sizeof *n);
     if (n == NULL) return -1;
     vp->spare = n;
     vp->capspare = ncap;
@@ -274,7 +274,7 @@ static uint32_t chunk_alloc(gpumem__vmpool *vp) {
   if (vp->nch == vp->capch) {
     if (vp->capch >= NIL / 2) return NIL;
     uint32_t ncap = vp->capch ? vp->capch * 2 : 64;
-    vmchunk *n = realloc(vp->ch, (size_t)ncap * sizeof *n);
+    vmchunk *n = gpumem__realloc(vp->ch, (size_t)ncap * sizeof *n);
     if (n == NULL) return NIL;
     vp->ch = n;
     vp->capch = ncap;
@@ -467,7 +467,7 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
   want = (want + g - 1) & ~(g - 1);
   if (want / g >= (size_t)NIL) want = ((size_t)NIL - 1) * g;
   if (want < min_size) return GPUMEM_ERR_OUT_OF_MEMORY;
-  gpumem__vmspace *vs = calloc(1, sizeof *vs);
+  gpumem__vmspace *vs = gpumem__calloc(1, sizeof *vs);
   if (vs == NULL) return GPUMEM_ERR_OUT_OF_MEMORY;
   /* the backend may refuse a large range: halve down to what the request needs */
   void *va = NULL;
@@ -500,10 +500,10 @@ gpumem_status gpumem__vm_space_open(gpumem__vmpool *vp, size_t min_size, gpumem_
     va = (void *)(((uintptr_t)raw + g - 1) & ~(uintptr_t)(g - 1));
   }
   size_t n = want / g;
-  vs->cid = malloc(n * sizeof *vs->cid);
-  vs->busy = calloc(n, sizeof *vs->busy);
-  vs->idleb = malloc(((n + 63) / 64) * sizeof *vs->idleb);
-  vs->unmb = malloc(((n + 63) / 64) * sizeof *vs->unmb);
+  vs->cid = gpumem__malloc(n * sizeof *vs->cid);
+  vs->busy = gpumem__calloc(n, sizeof *vs->busy);
+  vs->idleb = gpumem__malloc(((n + 63) / 64) * sizeof *vs->idleb);
+  vs->unmb = gpumem__malloc(((n + 63) / 64) * sizeof *vs->unmb);
   if (vs->cid == NULL || vs->busy == NULL || vs->idleb == NULL || vs->unmb == NULL) {
     (void)gpumem__be_vm_release(vp->ctx, vp->dev, raw, raw_size);
     space_free(vs);
@@ -1016,7 +1016,7 @@ gpumem_status gpumem__vm_trim(gpumem__vmpool *vp, uint64_t max_bytes, uint64_t *
 /* Invariant check                                                         */
 
 int gpumem__vm_check_begin(gpumem__vmspace *vs) {
-  if (vs->chk == NULL) vs->chk = calloc(vs->n, sizeof *vs->chk);
+  if (vs->chk == NULL) vs->chk = gpumem__calloc(vs->n, sizeof *vs->chk);
   else memset(vs->chk, 0, vs->n * sizeof *vs->chk);
   return vs->chk != NULL ? 0 : -1;
 }
