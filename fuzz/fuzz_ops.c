@@ -4,7 +4,8 @@
  * the OOM callback, initial bytes, stream_deps, plain or expandable segments) and a sequence of
  * operations: alloc, free (one in eight after gpumem_record_stream on one or
  * two streams), double/interior/foreign free, trim, reset, scope begin/alloc/end, buffers, stream switches, delayed-event mode and stream
- * completion, fault injection (gpumem_sim_fail_nth) and clearing, external
+ * completion, fault injection (gpumem_sim_fail_nth, and the host running out
+ * of memory at the k-th host allocation of the library: code 199) and clearing, external
  * device usage, absurd sizes. Every operation is checked against a reference
  * model of the live blocks:
  *   - contents stamped into every live block are checked before each free and
@@ -710,11 +711,13 @@ static void op_free(reader *r) {
     noted[nnoted++] = g_streams[(ks >> 2) % NSTREAMS];
     gpumem_status s = gpumem_record_stream(W.ctx, W.b[i].p, noted[0]);
     TRACE("record_stream(%p, %p) = %s\n", W.b[i].p, noted[0], SN(s));
-    CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
-    if (ks & 0x10) {
+    if (s == GPUMEM_ERR_OUT_OF_MEMORY && ARMED) nnoted--; /* (host memory: not noted) */
+    else CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
+    if (nnoted == 1 && (ks & 0x10)) {
       noted[nnoted++] = g_streams[((ks >> 2) + 1) % NSTREAMS];
       s = gpumem_record_stream(W.ctx, W.b[i].p, noted[1]);
-      CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
+      if (s == GPUMEM_ERR_OUT_OF_MEMORY && ARMED) nnoted--;
+      else CHECK(s == GPUMEM_OK, "record_stream of a live block: %s", SN(s));
     }
   }
   int pk = pend_uses(&W.b[i], st, noted, nnoted);
@@ -875,6 +878,10 @@ static void op_scope_begin(reader *r) {
   if (W.sc[j].s) return;
   gpumem_scope *sc = (gpumem_scope *)0x9;
   gpumem_status s = gpumem_scope_begin(W.ctx, dev, st, &sc);
+  if (s == GPUMEM_ERR_OUT_OF_MEMORY && ARMED) { /* (host memory) */
+    CHECK(sc == (gpumem_scope *)0x9, "scope_begin failed and wrote its out-parameter");
+    return;
+  }
   CHECK(s == GPUMEM_OK, "scope_begin(%d): %s", dev, SN(s));
   W.sc[j] = (mscope){sc, dev, st, 0};
 }
@@ -1013,9 +1020,28 @@ static void op_fault(reader *r) {
   g_faults++;
 }
 
+/* the library's host allocations (hostmem.c): the next few succeed, then one fails, or every one from then
+ * on; GPUMEM_ERR_OUT_OF_MEMORY is then expected anywhere (a free still succeeds), as with a backend fault */
+uint64_t gpumem__host_fault_count(void);
+void gpumem__host_fault_arm(uint64_t after, int persist);
+void gpumem__host_fault_clear(void);
+static int g_host_ops;
+
+static void op_host_fault(reader *r) {
+  uint8_t k = u8(r);
+  uint64_t after = k & 0x3f;
+  int persist = (k & 0x80) != 0;
+  TRACE("host fault (after %llu, persist %d)\n", (unsigned long long)after, persist);
+  gpumem__host_fault_arm(after, persist);
+  W.armed = 1;
+  if (g_active >= 0) g_cap[g_active].armed = 1;
+  g_faults++;
+}
+
 static void op_fault_clear(void) {
   TRACE("fail_clear\n");
   gpumem_sim_fail_clear();
+  gpumem__host_fault_clear();
   W.armed = 0;
   /* after clearing, the next calls work: a small alloc succeeds on some device unless both are full */
   check_all_contents();
@@ -1150,6 +1176,9 @@ static void run_input(const uint8_t *data, size_t size) {
         if (code >= 200 && g_capture_ops) { /* (219, 239: two of the twelve codes of queries) */
           g_cur_name = "capture";
           op_capture(r);
+        } else if (code == 199 && g_host_ops) {
+          g_cur_name = "host_fault";
+          op_host_fault(r);
         } else {
           g_cur_name = "queries";
           op_queries(r);
@@ -1164,6 +1193,7 @@ static void run_input(const uint8_t *data, size_t size) {
   g_cur_name = "teardown";
   capture_check(); /* (what the last operation did) */
   gpumem_sim_fail_clear();
+  gpumem__host_fault_clear();
   W.armed = 0;
   if (g_active >= 0) { /* the capture under way ends, the library is told, the pools go */
     int inv = -1;
@@ -1224,6 +1254,7 @@ static void report(void) {
 static void setup(void) {
   g_trace = getenv("FUZZ_OPS_TRACE") != NULL && *getenv("FUZZ_OPS_TRACE") == '1';
   g_capture_ops = getenv("FUZZ_OPS_CAPTURE") == NULL || *getenv("FUZZ_OPS_CAPTURE") != '0';
+  g_host_ops = getenv("FUZZ_OPS_HOST") == NULL || *getenv("FUZZ_OPS_HOST") != '0';
   setenv("GPUMEM_SIM_DEVICES", "2x64MiB", 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
   unsetenv("GPUMEM_LOG");

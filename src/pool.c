@@ -667,13 +667,22 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   gpumem__fidx_clear(p->orphans, IDX_ORPHAN);
   p->empty = NULL;
   p->empty_bytes = 0;
-  /* 3. every block struct is unused now */
-  while (p->slabs != NULL) {
-    gpumem__slab *n = p->slabs->next;
-    free(p->slabs);
-    p->slabs = n;
+  /* 3. every block struct is unused now: the slabs go but one, whose structs keep the segments the
+   * backend refuses to free (step 4) with no host memory needed (none may be left). Its structs' states
+   * go on counting (see gpumem__block). */
+  gpumem__slab *kept = p->slabs;
+  if (kept != NULL) {
+    while (kept->next != NULL) {
+      gpumem__slab *n = kept->next->next;
+      free(kept->next);
+      kept->next = n;
+    }
   }
   p->bfree = NULL;
+  for (int i = SLAB_N - 1; kept != NULL && i >= 0; i--) {
+    kept->blocks[i].next = p->bfree;
+    p->bfree = &kept->blocks[i];
+  }
   /* 4. give the segments back (expandable ones first, while the stats still count their chunks) */
   gpumem_status vmst = p->vm != NULL ? gpumem__vm_clear(p) : GPUMEM_OK;
   gpumem_status first = vmst;
@@ -909,11 +918,11 @@ void gpumem__pool_destroy(gpumem__pool *p) {
       s = n;
     }
     p->segs = NULL;
-    while (p->slabs != NULL) {
-      gpumem__slab *n = p->slabs->next;
-      free(p->slabs);
-      p->slabs = n;
-    }
+  }
+  while (p->slabs != NULL) {
+    gpumem__slab *n = p->slabs->next;
+    free(p->slabs);
+    p->slabs = n;
   }
   gpumem__dev_reserved_add(p, -(int64_t)p->st.reserved_bytes); /* the pool goes: its bytes no longer count */
   gpumem__mutex_unlock(&p->lock);

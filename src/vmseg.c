@@ -121,7 +121,8 @@ struct gpumem__vmpool {
   uint32_t ihead, itail;   /* idle chunks, oldest first */
   size_t nidle;            /* granules in idle chunks */
   spare_chunk *spare;      /* unmapped but held (a failed map or destroy) */
-  size_t nspare, capspare;
+  size_t nspare, capspare; /* capspare >= nheld once a chunk was made: a failed destroy needs no host memory */
+  size_t nheld;            /* physical chunks held (made, not yet destroyed) */
   size_t spare_gran;
   uint64_t allowance;       /* bytes above the live peak that new memory may take (see fill) */
   uint32_t moves;          /* idle-chunk moves counted towards the next raise of the allowance */
@@ -223,24 +224,33 @@ static void held_add(gpumem__vmpool *vp, uint32_t len) {
   gpumem__dev_reserved_change(vp->ctx, vp->dev, (int64_t)((uint64_t)len * vp->gran));
   if (vp->st->reserved_bytes > vp->st->reserved_peak) vp->st->reserved_peak = vp->st->reserved_bytes;
   vp->st->num_backend_allocs++;
+  vp->nheld++;
 }
 
 static void held_sub(gpumem__vmpool *vp, uint32_t len) {
   vp->st->reserved_bytes -= (uint64_t)len * vp->gran;
   gpumem__dev_reserved_change(vp->ctx, vp->dev, -(int64_t)((uint64_t)len * vp->gran));
   vp->st->num_backend_frees++;
+  vp->nheld--;
+}
+
+/* Room in the spare list for `want` chunks. 0, or -1 when there is no host memory. */
+static int spare_reserve(gpumem__vmpool *vp, size_t want) {
+  if (want <= vp->capspare) return 0;
+  size_t ncap = vp->capspare ? vp->capspare * 2 : 8;
+  if (ncap < want) ncap = want;
+  spare_chunk *n = gpumem__realloc(vp->spare, ncap * sizeof *n);
+  if (n == NULL) return -1;
+  vp->spare = n;
+  vp->capspare = ncap;
+  return 0;
 }
 
 /* Keep an unmapped chunk for later (a map or destroy failed). 0, or -1 when
- * there is no host memory to remember it (then it is lost to this pool). */
+ * there is no host memory to remember it (then it is lost to this pool; not
+ * reached: map_new reserves room for every chunk held before making one). */
 static int spare_push(gpumem__vmpool *vp, gpumem_phys_handle h, uint32_t len) {
-  if (vp->nspare == vp->capspare) {
-    size_t ncap = vp->capspare ? vp->capspare * 2 : 8;
-    spare_chunk *n = gpumem__realloc(vp->spare, ncap * sizeof *n);
-    if (n == NULL) return -1;
-    vp->spare = n;
-    vp->capspare = ncap;
-  }
+  if (vp->nspare == vp->capspare && spare_reserve(vp, vp->nspare + 1) != 0) return -1;
   vp->spare[vp->nspare].h = h;
   vp->spare[vp->nspare].len = len;
   vp->nspare++;
@@ -412,6 +422,9 @@ static gpumem_status map_handle(gpumem__vmspace *vs, uint32_t g, gpumem_phys_han
 static gpumem_status map_new(gpumem__vmspace *vs, uint32_t g, uint32_t len) {
   gpumem__vmpool *vp = vs->vp;
   gpumem_phys_handle h = 0;
+  /* the spare list can take every chunk held, this one too, before it is made: a chunk whose map or
+   * destroy fails later is remembered without host memory (none may be left then) */
+  if (spare_reserve(vp, vp->nheld + 1) != 0) return GPUMEM_ERR_OUT_OF_MEMORY;
   gpumem_status st = gpumem__be_vm_create(vp->ctx, vp->dev, (size_t)len * vp->gran, &h);
   if (st != GPUMEM_OK) return st;
   held_add(vp, len);

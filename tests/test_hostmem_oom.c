@@ -48,6 +48,7 @@ typedef struct scenario {
   gpumem_status (*op)(fx *f);
   void (*after)(fx *f, gpumem_status st); /* optional, faults cleared (sim faults still set) */
   int sync_fails;                         /* the device cannot be synchronised during op and after */
+  int free_fails;                         /* the backend refuses every free (and vm destroy) during op */
   int delayed;                            /* sim streams complete work only when told */
   int allocates;                          /* op makes a host allocation in every configuration */
   void (*prep)(fx *f);                    /* optional, before the faults are armed */
@@ -104,11 +105,20 @@ static void sweep(const scenario *sc, int expandable, int persist) {
     if (sc->prep != NULL) sc->prep(&f);
     if (sc->sync_fails)
       assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_SYNC, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+    if (sc->free_fails)
+      assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_FREE, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
     gpumem__host_fault_arm(k, persist);
     gpumem_status st = sc->op(&f);
     const uint64_t failed = gpumem__host_fault_count();
     gpumem__host_fault_clear();
-    if (st != GPUMEM_OK && st != GPUMEM_ERR_OUT_OF_MEMORY)
+    if (sc->free_fails) gpumem_sim_fail_clear();
+    /* nothing the device handed out is lost to the pools' count */
+    const gpumem_stats ds = tu_stats(f.ctx, 0);
+    if (tu_sim_used(0) != ds.reserved_bytes)
+      fail_msg("%s (%s, %s, k %llu): the device has %llu bytes handed out, the stats say %llu reserved", sc->name,
+               expandable ? "expandable" : "plain", persist ? "persistent" : "once", (unsigned long long)k,
+               (unsigned long long)tu_sim_used(0), (unsigned long long)ds.reserved_bytes);
+    if (st != GPUMEM_OK && st != GPUMEM_ERR_OUT_OF_MEMORY && !(sc->free_fails && st == GPUMEM_ERR_BACKEND))
       fail_msg("%s (%s, %s, k %llu): status %s", sc->name, expandable ? "expandable" : "plain",
                persist ? "persistent" : "once", (unsigned long long)k, gpumem_status_name(st));
     if (failed == 0 && st != GPUMEM_OK)
@@ -337,18 +347,19 @@ static void test_create(void **state) {
     sweep_all(&sc);                                   \
   }
 
-SCENARIO_TEST(test_alloc, "alloc", op_alloc, after_alloc, 0, 0, 1, NULL)
-SCENARIO_TEST(test_alloc_no_sync, "alloc, no synchronisation", op_alloc, after_alloc, 1, 1, 1, NULL)
-SCENARIO_TEST(test_free_new_stream, "free on a new stream", op_free_new_stream, after_free, 0, 1, 1, NULL)
-SCENARIO_TEST(test_free_new_stream_no_sync, "free on a new stream, no synchronisation", op_free_new_stream, after_free, 1, 1, 1, NULL)
-SCENARIO_TEST(test_noted_free, "noted free", op_noted_free, after_free, 0, 1, 1, NULL)
-SCENARIO_TEST(test_noted_free_no_sync, "noted free, no synchronisation", op_noted_free, after_free, 1, 1, 1, NULL)
-SCENARIO_TEST(test_trim, "trim", op_trim, NULL, 0, 0, 0, NULL)
-SCENARIO_TEST(test_scope, "scope", op_scope, NULL, 0, 0, 1, NULL)
-SCENARIO_TEST(test_graph_pool, "graph pool", op_graph, NULL, 0, 0, 1, NULL)
-SCENARIO_TEST(test_stats_format, "stats format", op_stats, NULL, 0, 0, 0, NULL)
-SCENARIO_TEST(test_reset, "reset", op_reset, after_reset, 0, 0, 0, NULL)
-SCENARIO_TEST(test_capture_frees, "frees during a capture", op_capture_frees, after_capture, 0, 1, 1, prep_capture)
+SCENARIO_TEST(test_alloc, "alloc", op_alloc, after_alloc, 0, 0, 0, 1, NULL)
+SCENARIO_TEST(test_alloc_no_sync, "alloc, no synchronisation", op_alloc, after_alloc, 1, 0, 1, 1, NULL)
+SCENARIO_TEST(test_free_new_stream, "free on a new stream", op_free_new_stream, after_free, 0, 0, 1, 1, NULL)
+SCENARIO_TEST(test_free_new_stream_no_sync, "free on a new stream, no synchronisation", op_free_new_stream, after_free, 1, 0, 1, 1, NULL)
+SCENARIO_TEST(test_noted_free, "noted free", op_noted_free, after_free, 0, 0, 1, 1, NULL)
+SCENARIO_TEST(test_noted_free_no_sync, "noted free, no synchronisation", op_noted_free, after_free, 1, 0, 1, 1, NULL)
+SCENARIO_TEST(test_trim, "trim", op_trim, NULL, 0, 0, 0, 0, NULL)
+SCENARIO_TEST(test_scope, "scope", op_scope, NULL, 0, 0, 0, 1, NULL)
+SCENARIO_TEST(test_graph_pool, "graph pool", op_graph, NULL, 0, 0, 0, 1, NULL)
+SCENARIO_TEST(test_stats_format, "stats format", op_stats, NULL, 0, 0, 0, 0, NULL)
+SCENARIO_TEST(test_reset, "reset", op_reset, after_reset, 0, 0, 0, 0, NULL)
+SCENARIO_TEST(test_reset_free_fails, "reset, the backend refusing frees", op_reset, after_reset, 0, 1, 0, 0, NULL)
+SCENARIO_TEST(test_capture_frees, "frees during a capture", op_capture_frees, after_capture, 0, 0, 1, 1, prep_capture)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -365,6 +376,7 @@ int main(void) {
       TU_TEST(test_stats_format),
       TU_TEST(test_reset),
       TU_TEST(test_capture_frees),
+      TU_TEST(test_reset_free_fails),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
