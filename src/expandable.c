@@ -551,14 +551,8 @@ int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
   uintptr_t a = 0;
   size_t n = 0, k = 0;
   for (uintptr_t at = s->base; at < end && gpumem__vm_next_alias(s->vm, at, &a, &n) && a < end; at = a + n) k++;
-  gpumem__deferred **recs = k > 0 ? gpumem__calloc(k, sizeof *recs) : NULL;
-  int ok = (k == 0 || recs != NULL) && block_reserve(p, 2 * k + 1) == 0; /* an alias and a gap each, and the rest */
-  for (size_t i = 0; ok && i < k; i++) ok = (recs[i] = gpumem__park_rec_new()) != NULL;
-  if (!ok) {
-    for (size_t i = 0; recs != NULL && i < k; i++) free(recs[i]);
-    free(recs);
-    return -1;
-  }
+  /* the records: those deferred_clear kept first (no host memory needed for them) */
+  if (block_reserve(p, 2 * k + 1) != 0 || gpumem__park_spare_fill(p, k) != 0) return -1; /* an alias and a gap each, and the rest */
   gpumem__block *last = NULL;
   uintptr_t at = s->base;
   for (size_t i = 0; at < end;) {
@@ -574,10 +568,10 @@ int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
     if (n > end - a) n = end - a;
     last = keep_append(p, s, last, a, n);
     gpumem__vm_busy(s->vm, a, n, +1);
-    gpumem__lend_park(p, recs[i++], last);
+    i++;
+    gpumem__lend_park(p, gpumem__park_rec_new(p), last); /* (from park_spare: not NULL) */
     at = a + n;
   }
-  free(recs);
   return 0;
 }
 

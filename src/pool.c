@@ -732,6 +732,7 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   p->st.allocated_bytes = 0;
   p->st.requested_bytes = 0;
   p->st.num_live = 0;
+  gpumem__park_spare_free(p); /* (records step 1 kept that no kept segment took) */
   return first;
 }
 
@@ -907,6 +908,7 @@ void gpumem__pool_destroy(gpumem__pool *p) {
     /* the backend refused some frees: try once more, then they are lost (parked ranges first: their
      * records go, and their aliases get one more unmap) */
     gpumem__deferred_clear(p);
+    gpumem__park_spare_free(p);
     gpumem__segment *s = p->segs;
     while (s != NULL) {
       gpumem__segment *n = s->next;

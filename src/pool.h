@@ -187,6 +187,7 @@ struct gpumem__pool {
   /* Frees of blocks noted on other streams (gpumem_record_stream), waiting for those streams'
    * events; such a block's idx is &deferred_set (in no TLSF: no search finds it). */
   struct gpumem__deferred *deferred;
+  struct gpumem__deferred *park_spare; /* during a reset: records of ranges left aliased (deferred_clear) */
   size_t ndeferred;
   gpumem__fidx deferred_set;
   int graph;                   /* a graph pool's (graph.c): no events, no trimming by policy */
@@ -300,7 +301,11 @@ gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream);
 void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d);
 /* A parked lent free with no event, for a range whose alias a reset could not unmap (gpumem__vm_keep_seg;
  * parked by gpumem__lend_park, given back unused by free()); NULL without host memory. */
-gpumem__deferred *gpumem__park_rec_new(void);
+gpumem__deferred *gpumem__park_rec_new(gpumem__pool *p);
+/* At least k records in park_spare (those deferred_clear kept, then new ones): 0, or -1 (no host memory). */
+int gpumem__park_spare_fill(gpumem__pool *p, size_t k);
+/* Frees the records gpumem__deferred_clear kept for kept segments' aliases (pool_clear_locked's end). */
+void gpumem__park_spare_free(gpumem__pool *p);
 /* 1 when b is parked as a lending's donor (its aliases may be partly unmapped); for the invariant check. */
 int gpumem__deferred_lent(const gpumem__pool *p, const gpumem__block *b);
 void gpumem__lend_park(gpumem__pool *p, gpumem__deferred *d, gpumem__block *b);

@@ -869,8 +869,10 @@ gpumem__deferred *gpumem__lend_begin(gpumem__pool *p, gpumem_stream stream) {
   return d;
 }
 
-gpumem__deferred *gpumem__park_rec_new(void) {
-  gpumem__deferred *d = gpumem__malloc(sizeof *d);
+gpumem__deferred *gpumem__park_rec_new(gpumem__pool *p) {
+  gpumem__deferred *d = p->park_spare;
+  if (d != NULL) p->park_spare = d->next;
+  else d = gpumem__malloc(sizeof *d);
   if (d == NULL) return NULL;
   d->nev = 0; /* no event: a device synchronisation (DEFER_SYNCED) lets it go */
   d->own = 0;
@@ -942,15 +944,42 @@ int gpumem__deferred_lent(const gpumem__pool *p, const gpumem__block *b) {
   return 0;
 }
 
-/* Reset and destroy: parked frees are dropped with every other block. */
+/* Reset and destroy: parked frees are dropped with every other block. A lent range whose unmap fails
+ * again stays aliased: its record is kept (park_spare) for gpumem__vm_keep_seg to park the range with,
+ * so that no host memory is needed then (none may be left). */
 void gpumem__deferred_clear(gpumem__pool *p) {
   while (p->deferred != NULL) {
     gpumem__deferred *d = p->deferred;
     p->deferred = d->next;
     for (uint32_t i = 0; i < d->nev; i++) (void)gpumem__be_event_destroy(p->ctx, p->device, d->ev[i]);
-    if (d->lent) (void)gpumem__vm_unlend(d->b->seg->vm, d->b->addr, d->b->size); /* before the chunks go */
+    const int aliased = d->lent && gpumem__vm_unlend(d->b->seg->vm, d->b->addr, d->b->size) != GPUMEM_OK; /* before the chunks go */
     d->b->idx = NULL;
-    free(d);
+    if (aliased) {
+      d->next = p->park_spare;
+      p->park_spare = d;
+    } else {
+      free(d);
+    }
   }
   p->ndeferred = 0;
+}
+
+int gpumem__park_spare_fill(gpumem__pool *p, size_t k) {
+  size_t have = 0;
+  for (gpumem__deferred *d = p->park_spare; d != NULL && have < k; d = d->next) have++;
+  for (; have < k; have++) {
+    gpumem__deferred *d = gpumem__malloc(sizeof *d);
+    if (d == NULL) return -1;
+    d->next = p->park_spare;
+    p->park_spare = d;
+  }
+  return 0;
+}
+
+void gpumem__park_spare_free(gpumem__pool *p) {
+  while (p->park_spare != NULL) {
+    gpumem__deferred *d = p->park_spare;
+    p->park_spare = d->next;
+    free(d);
+  }
 }
