@@ -631,7 +631,9 @@ GPUMEM_API gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int devi
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE;
  *         ::GPUMEM_ERR_NOT_SUPPORTED (RESET_DEVICE on a backend without device reset); ::GPUMEM_ERR_BACKEND
  *         or ::GPUMEM_ERR_OUT_OF_MEMORY (the backend reported that error synchronising the device:
- *         then nothing is invalidated, or from the device reset); ::GPUMEM_ERR_BUSY (a stream capture
+ *         then nothing is invalidated, or from the device reset); ::GPUMEM_ERR_OUT_OF_MEMORY also when
+ *         the backend annotates allocations for a memory checker (valgrind, NVTX) and there is no host
+ *         memory to list the live blocks whose annotations end: nothing is invalidated; ::GPUMEM_ERR_BUSY (a stream capture
  *         is under way: one routed to a graph pool, one the library found (gpumem_config.capture_probe),
  *         or one the backend reports on the device (CUDA: a blocking stream's); synchronising the device
  *         would invalidate it: nothing is changed).

@@ -563,7 +563,9 @@ gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
   gpumem__mutex_lock(&ctx->trace_lock);
   size_t n = 0;
   gpumem__leak *live = (mon & GPUMEM__MON_ANNOTATE) ? live_blocks(pool, &n) : NULL;
-  gpumem_status st = gpumem__pool_reset(pool);
+  /* no host memory to list the blocks whose annotations the reset ends: no reset (a memory checker
+   * would keep them as allocated, and the memory handed out again would overlap them) */
+  gpumem_status st = (mon & GPUMEM__MON_ANNOTATE) && live == NULL ? GPUMEM_ERR_OUT_OF_MEMORY : gpumem__pool_reset(pool);
   if (st == GPUMEM_OK) { /* a reset that failed changed nothing */
     for (size_t i = 0; live != NULL && i < n; i++)
       gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);

@@ -271,12 +271,14 @@ static gpumem_status op_stats(fx *f) {
 }
 
 static gpumem_status op_reset(fx *f) {
-  f->keep_gone = 1; /* a reset invalidates the live blocks, whether or not it completes */
-  return gpumem_reset(f->ctx, 0, 0);
+  gpumem_status st = gpumem_reset(f->ctx, 0, 0);
+  f->keep_gone = st == GPUMEM_OK; /* a reset that failed invalidated nothing */
+  return st;
 }
 
 static void after_reset(fx *f, gpumem_status st) {
   (void)st;
+  if (!f->keep_gone) return;
   for (int i = 0; i < NKEEP; i++) /* the pool works: the keep blocks again, for cleanup to free */
     assert_status(gpumem_alloc(f->ctx, 0, f->keep_n[i], i == 1 ? SB : SA, &f->keep[i]), GPUMEM_OK);
 }
