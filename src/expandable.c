@@ -546,17 +546,27 @@ static gpumem__block *keep_append(gpumem__pool *p, gpumem__segment *s, gpumem__b
  * event, busy (gpumem__park_rec_new: a device synchronisation tries the unmap again, then the range is
  * READY); the ranges between them are READY. s is linked into the pool's segments. Returns 0, or -1
  * with nothing built (no host memory). */
+/* The next run of adjacent alias chunks at or after `at`: one parked range each, so that the ranges are no
+ * more than the lendings whose records deferred_clear kept (a lending's chunks are adjacent). */
+static int next_alias_run(gpumem__vmspace *vs, uintptr_t at, uintptr_t *a, size_t *n) {
+  if (!gpumem__vm_next_alias(vs, at, a, n)) return 0;
+  uintptr_t a2 = 0;
+  size_t n2 = 0;
+  while (gpumem__vm_next_alias(vs, *a + *n, &a2, &n2) && a2 == *a + *n) *n += n2;
+  return 1;
+}
+
 int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
   const uintptr_t end = s->base + s->size;
   uintptr_t a = 0;
   size_t n = 0, k = 0;
-  for (uintptr_t at = s->base; at < end && gpumem__vm_next_alias(s->vm, at, &a, &n) && a < end; at = a + n) k++;
+  for (uintptr_t at = s->base; at < end && next_alias_run(s->vm, at, &a, &n) && a < end; at = a + n) k++;
   /* the records: those deferred_clear kept first (no host memory needed for them) */
   if (block_reserve(p, 2 * k + 1) != 0 || gpumem__park_spare_fill(p, k) != 0) return -1; /* an alias and a gap each, and the rest */
   gpumem__block *last = NULL;
   uintptr_t at = s->base;
   for (size_t i = 0; at < end;) {
-    if (i == k || !gpumem__vm_next_alias(s->vm, at, &a, &n) || a >= end) { /* no alias left */
+    if (i == k || !next_alias_run(s->vm, at, &a, &n) || a >= end) { /* no alias left */
       a = end;
       n = 0;
     }
