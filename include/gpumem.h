@@ -598,6 +598,8 @@ GPUMEM_API gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t k
  *
  * Takes effect for the next allocation; memory already reserved above the new
  * cap stays until it is freed and trimmed (cached memory above it is trimmed now).
+ * The cap is the device's: it counts and caps the graph pools of the device too
+ * (::gpumem_graph_pool, those there are and those made later), as `limit_bytes` does.
  * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT; ::GPUMEM_ERR_INVALID_DEVICE; ::GPUMEM_ERR_BACKEND;
  *         ::GPUMEM_ERR_OUT_OF_MEMORY (no host memory for the device's pool, or the backend reported out
  *         of memory while the cached memory above the cap was given back: the cap is set). Thread-safe.

@@ -606,6 +606,31 @@ static void test_limit_counts_graph_pools(void **state) {
   check_limit_counts_graph_pools(0);
 }
 
+/* gpumem_set_limit is the device's limit: graph pools there are and graph pools made later keep to it
+ * as the main pool does (it set only the main pool's before). */
+static void test_set_limit_covers_graph_pools(void **state) {
+  (void)state;
+  TU_REQUIRE_SIM();
+  gpumem_context *ctx = tu_ctx_new(NULL);
+  gpumem_graph_pool *before = NULL, *after = NULL;
+  void *g = NULL;
+  assert_status(gpumem_graph_pool_create(ctx, 0, &before), GPUMEM_OK);
+  assert_status(gpumem_set_limit(ctx, 0, 32u << 20), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_create(ctx, 0, &after), GPUMEM_OK);
+  for (int i = 0; i < 2; i++) {
+    gpumem_graph_pool *gp = i ? after : before;
+    assert_status(gpumem_graph_pool_alloc(gp, 48u << 20, SA, &g), GPUMEM_ERR_LIMIT_EXCEEDED);
+    assert_status(gpumem_graph_pool_alloc(gp, 8u << 20, SA, &g), GPUMEM_OK);
+    assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  }
+  assert_status(gpumem_set_limit(ctx, 0, 0), GPUMEM_OK); /* no limit: the graph pools may grow again */
+  assert_status(gpumem_graph_pool_alloc(before, 48u << 20, SA, &g), GPUMEM_OK);
+  assert_status(gpumem_free(ctx, g, SA), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(before), GPUMEM_OK);
+  assert_status(gpumem_graph_pool_release(after), GPUMEM_OK);
+  tu_ctx_done(ctx);
+}
+
 /* A trim that gives back a released pool's memory says so in *released: the device's reserved bytes
  * go down by what it reports. */
 static void test_trim_counts_released_pool(void **state) {
@@ -846,6 +871,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_input, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_set_limit, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_limit_counts_graph_pools, tu_setup, tu_teardown),
+      cmocka_unit_test_setup_teardown(test_set_limit_covers_graph_pools, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_null_stream_during_known_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_limit_room_during_capture, tu_setup, tu_teardown),
       cmocka_unit_test_setup_teardown(test_second_capture_met_by_free, tu_setup, tu_teardown),
