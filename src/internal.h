@@ -295,6 +295,9 @@ typedef struct gpumem__leak {
   const char *tag;
 } gpumem__leak;
 void gpumem__pool_live(gpumem__pool *pool, uint64_t *count, uint64_t *bytes, gpumem__leak *first, size_t max, size_t *nfirst);
+/* The live blocks of pool after the first `skip` (in the pool's order, which only allocations and frees
+ * change) into out, at most max; returns how many. For paging with no host memory. */
+size_t gpumem__pool_live_at(gpumem__pool *pool, size_t skip, gpumem__leak *out, size_t max);
 gpumem_status gpumem__pool_check(gpumem__pool *pool, uint64_t *live_count);
 
 /* ---------------------------------------------------------------------- */

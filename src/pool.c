@@ -795,6 +795,22 @@ void gpumem__pool_live(gpumem__pool *p, uint64_t *count, uint64_t *bytes, gpumem
   gpumem__mutex_unlock(&p->lock);
 }
 
+size_t gpumem__pool_live_at(gpumem__pool *p, size_t skip, gpumem__leak *out, size_t max) {
+  size_t n = 0;
+  gpumem__mutex_lock(&p->lock);
+  for (gpumem__segment *s = p->segs; s != NULL && n < max; s = s->next)
+    for (gpumem__block *b = s->head; b != NULL && n < max; b = b->next) {
+      if (b->idx != NULL) continue;
+      if (skip > 0) {
+        skip--;
+        continue;
+      }
+      out[n++] = (gpumem__leak){b->addr, b->size, b->requested, p->device, b->tag};
+    }
+  gpumem__mutex_unlock(&p->lock);
+  return n;
+}
+
 static gpumem_status pool_create_(gpumem_context *ctx, int device, int graph, gpumem__pool **out);
 
 gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool **out) {

@@ -554,6 +554,11 @@ void gpumem__monitor_drop(gpumem_context *ctx, gpumem__pool *pool) {
   for (size_t i = 0; live != NULL && i < n; i++)
     gpumem__be_annotate_free(ctx, device, (void *)live[i].ptr, live[i].requested);
   free(live);
+  if (live != NULL) return;
+  /* no host memory for the list (the pool goes anyway): a page at a time on the stack */
+  gpumem__leak page[32];
+  for (size_t at = 0, k; (k = gpumem__pool_live_at(pool, at, page, 32)) > 0; at += k)
+    for (size_t i = 0; i < k; i++) gpumem__be_annotate_free(ctx, device, (void *)page[i].ptr, page[i].requested);
 }
 
 gpumem_status gpumem__monitor_reset(gpumem_context *ctx, gpumem__pool *pool) {
