@@ -429,8 +429,6 @@ gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, 
   return first;
 }
 
-static void graph_set_limit(gpumem__pool *p, void *limit) { gpumem__pool_set_limit(p, *(const uint64_t *)limit); }
-
 gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint64_t limit_bytes) {
   if (ctx == NULL) return GPUMEM_ERR_INVALID_ARGUMENT;
   if (GPUMEM__FORKED(ctx)) return gpumem__forked_status(ctx, __func__);
@@ -438,8 +436,7 @@ gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint64_t limit_b
   gpumem__pool *p;
   gpumem_status st = pool_get_or_create(ctx, device, &p);
   if (st != GPUMEM_OK) return st;
-  gpumem__pool_set_limit(p, limit_bytes);
-  gpumem__graph_each(ctx, device, graph_set_limit, &limit_bytes); /* one limit for the device */
+  gpumem__graph_set_limit(ctx, p, device, limit_bytes); /* one limit for the device: its graph pools too */
   gpumem_stats s;
   gpumem__pool_get_stats(p, &s);
   if (limit_bytes != 0 && s.reserved_bytes > limit_bytes) {

@@ -157,6 +157,15 @@ static gpumem_graph_pool *capture_route_locked(gpumem_context *ctx, int device, 
 static void graph_destroy_locked(gpumem_context *ctx, gpumem_graph_pool *gp);
 static gpumem_graph_pool *graph_route(gpumem_context *ctx, int device, gpumem_stream stream, int *failed);
 
+/* A new graph pool into the context's list, with the device's limit: the one gpumem_set_limit gave the
+ * main pool, if any (gpumem__graph_set_limit sets both under the same lock, so none is missed). */
+static void link_locked(gpumem_context *ctx, gpumem_graph_pool *gp) {
+  gpumem__pool *main = atomic_load_explicit(&ctx->pools[gp->device], memory_order_acquire);
+  if (main != NULL) gpumem__pool_set_limit(gp->pool, gpumem__pool_get_limit(main));
+  gp->next = ctx->graphs;
+  ctx->graphs = gp;
+}
+
 /* The pool of capture `id`, which `stream` takes part in and no route covers: another stream's of
  * the same capture, or one made for it now with a route from stream. NULL and *failed = 1 when no
  * host memory is left for it. */
@@ -178,8 +187,7 @@ static gpumem_graph_pool *capture_pool(gpumem_context *ctx, int device, gpumem_s
   mine->device = device;
   mine->autop = 1;
   gpumem__mutex_lock(&ctx->lock);
-  mine->next = ctx->graphs;
-  ctx->graphs = mine;
+  link_locked(ctx, mine);
   gp = capture_route_locked(ctx, device, id);
   if (gp == NULL) {
     if (route_add_locked(ctx, mine, stream, id)) {
@@ -251,8 +259,7 @@ gpumem_status gpumem_graph_pool_create(gpumem_context *ctx, int device, gpumem_g
   gp->ctx = ctx;
   gp->device = device;
   gpumem__mutex_lock(&ctx->lock);
-  gp->next = ctx->graphs;
-  ctx->graphs = gp;
+  link_locked(ctx, gp);
   gpumem__mutex_unlock(&ctx->lock);
   *out = gp;
   return GPUMEM_OK;
@@ -436,6 +443,14 @@ gpumem_status gpumem_capture_ended(gpumem_context *ctx, int device, gpumem_strea
   if (device >= ctx->ndev || device < (stream == NULL ? GPUMEM_ALL_DEVICES : 0)) return GPUMEM_ERR_INVALID_DEVICE;
   reap(ctx, device, stream, stream == NULL);
   return GPUMEM_OK;
+}
+
+void gpumem__graph_set_limit(gpumem_context *ctx, gpumem__pool *main, int device, uint64_t limit) {
+  gpumem__mutex_lock(&ctx->lock);
+  gpumem__pool_set_limit(main, limit);
+  for (gpumem_graph_pool *gp = ctx->graphs; gp != NULL; gp = gp->next)
+    if (gp->device == device) gpumem__pool_set_limit(gp->pool, limit);
+  gpumem__mutex_unlock(&ctx->lock);
 }
 
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg) {

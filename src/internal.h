@@ -393,6 +393,9 @@ int gpumem__graph_uncaptured(gpumem_context *ctx, int device, gpumem_stream stre
 void gpumem__graph_reap(gpumem_context *ctx, int device, gpumem_stream stream);
 /** graph.c: calls fn for the pool of every graph pool of `device` (-1: all), under the context lock. */
 void gpumem__graph_each(gpumem_context *ctx, int device, void (*fn)(gpumem__pool *p, void *arg), void *arg);
+/* gpumem_set_limit: the device's cap on its main pool and every graph pool of the device, under the context lock
+ * (a graph pool linked meanwhile takes it from the main pool). */
+void gpumem__graph_set_limit(gpumem_context *ctx, gpumem__pool *main, int device, uint64_t limit);
 /** graph.c: releases released graph pools whose blocks are all free (trim); destroy_all: every one (destroy). */
 void gpumem__graph_collect(gpumem_context *ctx, int destroy_all, int device, uint64_t *released);
 /** pool.c: a device pool for a graph pool: plain segments, no events, never trimmed by policy. */

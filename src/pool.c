@@ -820,12 +820,7 @@ gpumem_status gpumem__pool_create(gpumem_context *ctx, int device, gpumem__pool 
 /* A graph pool's memory is replayed by graphs at fixed addresses: plain segments (never
  * remapped), no events (its frees are reused by their own stream), no initial segment. */
 gpumem_status gpumem__pool_create_graph(gpumem_context *ctx, int device, gpumem__pool **out) {
-  gpumem_status st = pool_create_(ctx, device, 1, out);
-  /* the device's limit is the one gpumem_set_limit gave its main pool, if any (set_limit sets the
-   * graph pools there are; this one is made later) */
-  gpumem__pool *main = atomic_load_explicit(&ctx->pools[device], memory_order_acquire);
-  if (st == GPUMEM_OK && main != NULL) gpumem__pool_set_limit(*out, gpumem__pool_get_limit(main));
-  return st;
+  return pool_create_(ctx, device, 1, out); /* (the device's limit: graph.c, when it links the pool) */
 }
 
 int gpumem__pool_is_graph(const gpumem__pool *p) { return p->graph; }
