@@ -247,18 +247,6 @@ static void oom_report_log(gpumem__pool *p, const char *report) {
   LOG(p, GPUMEM_LOG_WARN, "%s%s", report, peers);
 }
 
-/* A free block of a stream that has no record (no host memory for one): usable by every stream once
- * the device has been synchronised. While it cannot be (the synchronisation fails, or a capture is
- * under way, which a synchronisation would invalidate), the stream's work on the block may still be
- * running: it waits with the orphans, which the next device synchronisation makes READY. (Made at
- * pool creation, the orphans' set needs no host memory here.) */
-static void place_unrecorded(gpumem__pool *p, gpumem__block *b) {
-  if (!gpumem__capturing(p->ctx) && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK)
-    insert_coalesce(p, p->ready, b);
-  else
-    insert_coalesce(p, p->orphans, b);
-}
-
 gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream stream, const char *tag, void **out,
                                  gpumem__tc_acct *acct) {
   if (size > SIZE_MAX - (GPUMEM__LARGE_ROUND - 1)) return GPUMEM_ERR_INVALID_ARGUMENT; /* rounding would overflow */
@@ -306,7 +294,7 @@ gpumem_status gpumem__pool_alloc(gpumem__pool *p, size_t size, gpumem_stream str
           b->fseq = ++r->seq;
           insert_coalesce(p, r->idx, b);
         } else {
-          place_unrecorded(p, b);
+          gpumem__place_unrecorded(p, b);
         }
         gpumem__mutex_unlock(&p->lock);
         return GPUMEM_ERR_OUT_OF_MEMORY;
@@ -498,7 +486,7 @@ void gpumem__free_place(gpumem__pool *p, gpumem__block *b, gpumem_stream stream,
     insert_coalesce(p, r->idx, b);
     if (named) gpumem__stream_touch(p, r); /* the event for other streams is recorded now, on the stream of this call */
   } else {
-    place_unrecorded(p, b);
+    gpumem__place_unrecorded(p, b);
   }
 }
 
@@ -776,28 +764,9 @@ void gpumem__pool_reset_peaks(gpumem__pool *p) {
   gpumem__mutex_unlock(&p->lock);
 }
 
-void gpumem__pool_live(gpumem__pool *p, uint64_t *count, uint64_t *bytes, gpumem__leak *first, size_t max,
-                       size_t *nfirst) {
-  gpumem__mutex_lock(&p->lock);
-  *count += p->st.num_live;
-  *bytes += p->st.allocated_bytes;
-  for (gpumem__segment *s = p->segs; s != NULL && *nfirst < max; s = s->next) {
-    for (gpumem__block *b = s->head; b != NULL && *nfirst < max; b = b->next) {
-      if (b->idx != NULL) continue;
-      gpumem__leak *l = &first[(*nfirst)++];
-      l->ptr = b->addr;
-      l->size = b->size;
-      l->requested = b->requested;
-      l->device = p->device;
-      l->tag = b->tag;
-    }
-  }
-  gpumem__mutex_unlock(&p->lock);
-}
-
-size_t gpumem__pool_live_at(gpumem__pool *p, size_t skip, gpumem__leak *out, size_t max) {
+/* The live blocks of p after the first `skip`, into out (at most max). Pool lock held. */
+static size_t live_copy_locked(gpumem__pool *p, size_t skip, gpumem__leak *out, size_t max) {
   size_t n = 0;
-  gpumem__mutex_lock(&p->lock);
   for (gpumem__segment *s = p->segs; s != NULL && n < max; s = s->next)
     for (gpumem__block *b = s->head; b != NULL && n < max; b = b->next) {
       if (b->idx != NULL) continue;
@@ -807,6 +776,21 @@ size_t gpumem__pool_live_at(gpumem__pool *p, size_t skip, gpumem__leak *out, siz
       }
       out[n++] = (gpumem__leak){b->addr, b->size, b->requested, p->device, b->tag};
     }
+  return n;
+}
+
+void gpumem__pool_live(gpumem__pool *p, uint64_t *count, uint64_t *bytes, gpumem__leak *first, size_t max,
+                       size_t *nfirst) {
+  gpumem__mutex_lock(&p->lock);
+  *count += p->st.num_live;
+  *bytes += p->st.allocated_bytes;
+  if (*nfirst < max) *nfirst += live_copy_locked(p, 0, first + *nfirst, max - *nfirst);
+  gpumem__mutex_unlock(&p->lock);
+}
+
+size_t gpumem__pool_live_at(gpumem__pool *p, size_t skip, gpumem__leak *out, size_t max) {
+  gpumem__mutex_lock(&p->lock);
+  size_t n = live_copy_locked(p, skip, out, max);
   gpumem__mutex_unlock(&p->lock);
   return n;
 }

@@ -291,6 +291,9 @@ void gpumem__sync_all(gpumem__pool *p);
 int gpumem__sync_stream(gpumem__pool *p, gpumem__srec *r);
 uint64_t gpumem__adopt_pending(gpumem__pool *p, gpumem__srec *t, uint64_t want, size_t fit, int cls);
 int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream);
+/* A free block of a stream with no record (no host memory): READY after a device synchronisation, else
+ * (it failed, or a capture is under way) with the orphans until the next one. Pool lock held. */
+void gpumem__place_unrecorded(gpumem__pool *p, gpumem__block *b);
 enum { GPUMEM__DEFER_POLL = 0, GPUMEM__DEFER_WAIT = 1, GPUMEM__DEFER_SYNCED = 2 };
 void gpumem__poll_deferred(gpumem__pool *p, int how);
 void gpumem__deferred_clear(gpumem__pool *p);

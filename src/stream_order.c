@@ -71,6 +71,18 @@ static int srec_idle(const gpumem__pool *p, const gpumem__srec *r) {
   return r->idx->nblocks == 0 && r->batches == NULL && !r->has_mark && r != p->solo_r;
 }
 
+/* A free block of a stream that has no record (no host memory for one): usable by every stream once
+ * the device has been synchronised. While it cannot be (the synchronisation fails, or a capture is
+ * under way, which a synchronisation would invalidate), the stream's work on the block may still be
+ * running: it waits with the orphans, which the next device synchronisation makes READY. (Made at
+ * pool creation, the orphans' set needs no host memory here.) */
+void gpumem__place_unrecorded(gpumem__pool *p, gpumem__block *b) {
+  if (!gpumem__capturing(p->ctx) && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK)
+    insert_coalesce(p, p->ready, b);
+  else
+    insert_coalesce(p, p->orphans, b);
+}
+
 /* r's free blocks have no event and r was not named since the last sweep: they go to orphans. */
 static int srec_orphan(gpumem__pool *p, gpumem__srec *r) {
   if (r->idx->nblocks == 0 || r->batches != NULL || r->has_mark || r == p->solo_r || p->graph) return 0;
@@ -816,15 +828,14 @@ int gpumem__defer_free(gpumem__pool *p, gpumem__block *b, gpumem_stream stream) 
      * invalidate), the noted streams' work may still be running: b is parked without events until a
      * device synchronisation succeeds, or, with no host memory for that, waits with the orphans,
      * which the next device synchronisation makes READY */
-    for (uint32_t i = 0; d != NULL && i < k; i++) ev_put(p, d->ev[i]);
-    const int synced = !gpumem__capturing(p->ctx) && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK;
-    if (synced) {
+    if (d == NULL) { /* (no host memory: READY after a synchronisation, else with the orphans) */
+      gpumem__place_unrecorded(p, b);
+      return 1;
+    }
+    for (uint32_t i = 0; i < k; i++) ev_put(p, d->ev[i]);
+    if (!gpumem__capturing(p->ctx) && gpumem__be_device_synchronize(p->ctx, p->device) == GPUMEM_OK) {
       free(d);
       return 0;
-    }
-    if (d == NULL) {
-      insert_coalesce(p, p->orphans, b);
-      return 1;
     }
     k = 0;
     n = 0;

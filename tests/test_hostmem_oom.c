@@ -192,26 +192,23 @@ static void after_alloc(fx *f, gpumem_status st) {
   assert_int_equal(tu_find_overlap(ptrs, sizes, n), -1);
 }
 
-/* a free on a stream that has no record yet, with that stream's work on the block still running */
-static gpumem_status op_free_new_stream(fx *f) {
+/* keep[2] freed on free_s, with work that uses it queued on work_s first (checked by after_free) */
+static gpumem_status free_with_work(fx *f, gpumem_stream work_s, gpumem_stream free_s) {
   f->freed_mask |= 1u << 2;
   f->freed = f->keep[2];
   f->freed_n = f->keep_n[2];
-  f->ticket_s = SD;
-  assert_status(gpumem_sim_stream_submit(0, SD, &f->ticket), GPUMEM_OK);
-  return gpumem_free(f->ctx, f->freed, SD);
+  f->ticket_s = work_s;
+  assert_status(gpumem_sim_stream_submit(0, work_s, &f->ticket), GPUMEM_OK);
+  return gpumem_free(f->ctx, f->freed, free_s);
 }
+
+/* a free on a stream that has no record yet, with that stream's work on the block still running */
+static gpumem_status op_free_new_stream(fx *f) { return free_with_work(f, SD, SD); }
 
 /* noted on another stream, then freed: the note's and the park's host memory */
 static gpumem_status op_noted_free(fx *f) {
   gpumem_status st = gpumem_record_stream(f->ctx, f->keep[2], SC);
-  if (st != GPUMEM_OK) return st;
-  f->freed_mask |= 1u << 2;
-  f->freed = f->keep[2];
-  f->freed_n = f->keep_n[2];
-  f->ticket_s = SC;
-  assert_status(gpumem_sim_stream_submit(0, SC, &f->ticket), GPUMEM_OK);
-  return gpumem_free(f->ctx, f->freed, SA);
+  return st != GPUMEM_OK ? st : free_with_work(f, SC, SA);
 }
 
 /* the freed block serves no allocation on another stream while the work on it runs */
