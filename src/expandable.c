@@ -546,8 +546,9 @@ static gpumem__block *keep_append(gpumem__pool *p, gpumem__segment *s, gpumem__b
  * event, busy (gpumem__park_rec_new: a device synchronisation tries the unmap again, then the range is
  * READY); the ranges between them are READY. s is linked into the pool's segments. Returns 0, or -1
  * with nothing built (no host memory). */
-/* The next run of adjacent alias chunks at or after `at`: one parked range each, so that the ranges are no
- * more than the lendings whose records deferred_clear kept (a lending's chunks are adjacent). */
+/* The next run of adjacent alias chunks at or after `at`: one parked range each (a lending's chunks are
+ * adjacent, so the records deferred_clear kept, one per lending, are enough but where an unlend
+ * half succeeded). */
 static int next_alias_run(gpumem__vmspace *vs, uintptr_t at, uintptr_t *a, size_t *n) {
   if (!gpumem__vm_next_alias(vs, at, a, n)) return 0;
   uintptr_t a2 = 0;
@@ -556,13 +557,25 @@ static int next_alias_run(gpumem__vmspace *vs, uintptr_t at, uintptr_t *a, size_
   return 1;
 }
 
+size_t gpumem__vm_keep_blocks(const gpumem__segment *s) {
+  /* alias ranges only shrink or split between this count and the keep: at most one per alias granule */
+  return 2 * s->vm->naliased + 1;
+}
+
 int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
   const uintptr_t end = s->base + s->size;
-  uintptr_t a = 0;
+  uintptr_t a = 0, last_end = s->base;
   size_t n = 0, k = 0;
-  for (uintptr_t at = s->base; at < end && next_alias_run(s->vm, at, &a, &n) && a < end; at = a + n) k++;
-  /* the records: those deferred_clear kept first (no host memory needed for them) */
-  if (block_reserve(p, 2 * k + 1) != 0 || gpumem__park_spare_fill(p, k) != 0) return -1; /* an alias and a gap each, and the rest */
+  for (uintptr_t at = s->base; at < end && next_alias_run(s->vm, at, &a, &n) && a < end; at = a + n) {
+    k++;
+    last_end = a + n < end ? a + n : end;
+  }
+  if (block_reserve(p, 2 * k + 1) != 0) return -1; /* an alias and a gap each, and the rest (pool_clear_locked kept them) */
+  /* the records: those deferred_clear kept first. With fewer than k (no host memory for more), the last
+   * record parks every alias range left and the gaps between them: their mapped memory serves nothing
+   * until the device synchronisation that unmaps the aliases, which is no loss of memory */
+  const size_t m = gpumem__park_spare_fill(p, k);
+  if (m == 0 && k > 0) return -1;
   gpumem__block *last = NULL;
   uintptr_t at = s->base;
   for (size_t i = 0; at < end;) {
@@ -575,12 +588,14 @@ int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
       idx_insert(p, p->ready, last);
     }
     if (n == 0) break;
+    if (i + 1 == m && m < k) n = last_end - a; /* the last record: to the end of the last alias range */
     if (n > end - a) n = end - a;
     last = keep_append(p, s, last, a, n);
     gpumem__vm_busy(s->vm, a, n, +1);
     i++;
     gpumem__lend_park(p, gpumem__park_rec_new(p), last); /* (from park_spare: not NULL) */
     at = a + n;
+    if (i == m) k = m; /* (every alias range is parked) */
   }
   return 0;
 }

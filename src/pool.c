@@ -655,21 +655,28 @@ static gpumem_status pool_clear_locked(gpumem__pool *p) {
   gpumem__fidx_clear(p->orphans, IDX_ORPHAN);
   p->empty = NULL;
   p->empty_bytes = 0;
-  /* 3. every block struct is unused now: the slabs go but one, whose structs keep the segments the
-   * backend refuses to free (step 4) with no host memory needed (none may be left). Its structs' states
-   * go on counting (see gpumem__block). */
-  gpumem__slab *kept = p->slabs;
-  if (kept != NULL) {
-    while (kept->next != NULL) {
-      gpumem__slab *n = kept->next->next;
-      free(kept->next);
-      kept->next = n;
-    }
-  }
+  /* 3. every block struct is unused now: the slabs go but enough to keep every segment, should the
+   * backend refuse to free them all (step 4), with no host memory needed (none may be left): a plain
+   * segment takes one struct (it had at least one, so the slabs it leaves hold enough), an expandable
+   * one at most gpumem__vm_keep_blocks. The kept structs' states go on counting (see gpumem__block). */
+  size_t want = 0;
+  for (gpumem__segment *s = p->segs; s != NULL; s = s->next)
+    want += s->kind == SEG_VM ? gpumem__vm_keep_blocks(s) : 1;
   p->bfree = NULL;
-  for (int i = SLAB_N - 1; kept != NULL && i >= 0; i--) {
-    kept->blocks[i].next = p->bfree;
-    p->bfree = &kept->blocks[i];
+  gpumem__slab **link = &p->slabs;
+  for (size_t have = 0; *link != NULL;) {
+    gpumem__slab *sl = *link;
+    if (have >= want && have > 0) { /* (one slab at least: the next segments need no host memory) */
+      *link = sl->next;
+      free(sl);
+      continue;
+    }
+    for (int i = SLAB_N - 1; i >= 0; i--) {
+      sl->blocks[i].next = p->bfree;
+      p->bfree = &sl->blocks[i];
+    }
+    have += SLAB_N;
+    link = &sl->next;
   }
   /* 4. give the segments back (expandable ones first, while the stats still count their chunks) */
   gpumem_status vmst = p->vm != NULL ? gpumem__vm_clear(p) : GPUMEM_OK;

@@ -305,8 +305,9 @@ void gpumem__lend_cancel(gpumem__pool *p, gpumem__deferred *d);
 /* A parked lent free with no event, for a range whose alias a reset could not unmap (gpumem__vm_keep_seg;
  * parked by gpumem__lend_park, given back unused by free()); NULL without host memory. */
 gpumem__deferred *gpumem__park_rec_new(gpumem__pool *p);
-/* At least k records in park_spare (those deferred_clear kept, then new ones): 0, or -1 (no host memory). */
-int gpumem__park_spare_fill(gpumem__pool *p, size_t k);
+/* Up to k records in park_spare (those deferred_clear kept, then new ones while host memory lasts): how many
+ * there are, at most k. */
+size_t gpumem__park_spare_fill(gpumem__pool *p, size_t k);
 /* Frees the records gpumem__deferred_clear kept for kept segments' aliases (pool_clear_locked's end). */
 void gpumem__park_spare_free(gpumem__pool *p);
 /* 1 when b is parked as a lending's donor (its aliases may be partly unmapped); for the invariant check. */
@@ -326,6 +327,8 @@ gpumem_status gpumem__vm_alloc_locked(gpumem__pool *p, size_t rsize, int rcls, g
 gpumem_status gpumem__vm_release_idle(gpumem__pool *p, uint64_t keep, uint64_t *released);
 gpumem_status gpumem__vm_clear(gpumem__pool *p);
 int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s);
+/* The most block structs gpumem__vm_keep_seg may take for s: one per alias range and one per gap, and the rest. */
+size_t gpumem__vm_keep_blocks(const gpumem__segment *s);
 
 /* pool.c: gpumem__pool_largest_free with the pool lock held (the out-of-memory report) */
 uint64_t gpumem__pool_largest_free_locked(const gpumem__pool *p);

@@ -975,16 +975,16 @@ void gpumem__deferred_clear(gpumem__pool *p) {
   p->ndeferred = 0;
 }
 
-int gpumem__park_spare_fill(gpumem__pool *p, size_t k) {
+size_t gpumem__park_spare_fill(gpumem__pool *p, size_t k) {
   size_t have = 0;
   for (gpumem__deferred *d = p->park_spare; d != NULL && have < k; d = d->next) have++;
   for (; have < k; have++) {
     gpumem__deferred *d = gpumem__malloc(sizeof *d);
-    if (d == NULL) return -1;
+    if (d == NULL) break;
     d->next = p->park_spare;
     p->park_spare = d;
   }
-  return 0;
+  return have;
 }
 
 void gpumem__park_spare_free(gpumem__pool *p) {

@@ -288,6 +288,51 @@ static void after_reset(fx *f, gpumem_status st) {
     assert_status(gpumem_alloc(f->ctx, 0, f->keep_n[i], i == 1 ? SB : SA, &f->keep[i]), GPUMEM_OK);
 }
 
+/* more cached segments than one slab of block structs holds (pool.h, SLAB_N): at a reset that the backend
+ * refuses, each stays cached as one free block, with no host memory needed for any of them */
+#define MANY_SEGS 300
+static void prep_many_segments(fx *f) {
+  static void *p[MANY_SEGS];
+  for (int i = 0; i < MANY_SEGS; i++) assert_status(gpumem_alloc(f->ctx, 0, 12u << 20, SA, &p[i]), GPUMEM_OK);
+  for (int i = 0; i < MANY_SEGS; i++) assert_status(gpumem_free(f->ctx, p[i], SA), GPUMEM_OK);
+  gpumem_sim_complete_all();
+}
+
+/* Expandable: a lending whose old mappings a trim unmapped only in part, every other unmap failing (a
+ * driver failing now and then): the alias ranges left are not adjacent, more of them than the one record
+ * the lending had. A reset that the backend refuses to unmap for keeps them parked (gpumem__vm_keep_seg):
+ * with no host memory for more records, the last record it has parks the rest and the gaps between them. */
+static void prep_lend_split(fx *f) {
+  if (!f->expandable) return;
+  void *p = NULL, *b = NULL;
+  assert_status(gpumem_alloc(f->ctx, 0, 1u << 20, SB, &b), GPUMEM_OK);
+  assert_status(got_alloc(f, 64u << 20, SA), GPUMEM_OK);
+  assert_status(gpumem_alloc(f->ctx, 0, 128u << 20, SA, &p), GPUMEM_OK);
+  assert_status(got_alloc(f, 64u << 20, SA), GPUMEM_OK);
+  assert_status(gpumem_free(f->ctx, p, SA), GPUMEM_OK); /* SA's work on it is still queued */
+  assert_status(gpumem_free(f->ctx, b, SB), GPUMEM_OK); /* a second stream with frees: stream-ordered */
+  const uint64_t before = tu_stats(f->ctx, 0).reserved_bytes;
+  assert_status(got_alloc(f, 256u << 20, SA), GPUMEM_OK);
+  assert_true(tu_stats(f->ctx, 0).reserved_bytes - before < (256u << 20)); /* it lent p's memory */
+  gpumem_sim_complete_all();
+  assert_status(gpumem_sim_fail_every(GPUMEM_SIM_CALL_MAP, 2, 2, GPUMEM_SIM_ERR_INJECTED), GPUMEM_OK);
+  uint64_t released = 0;
+  gpumem_status st = gpumem_trim(f->ctx, 0, 0, &released);
+  assert_true(st == GPUMEM_OK || st == GPUMEM_ERR_BACKEND);
+  gpumem_sim_fail_clear();
+  assert_status(gpumem__check_invariants(f->ctx), GPUMEM_OK);
+}
+
+static gpumem_status op_reset_unmaps_fail(fx *f) {
+  assert_status(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MAP, 1, GPUMEM_SIM_ERR_INJECTED, 1), GPUMEM_OK);
+  return op_reset(f);
+}
+
+static void after_reset_lend(fx *f, gpumem_status st) {
+  if (f->keep_gone) f->ngot = 0; /* invalidated with the keep blocks */
+  after_reset(f, st);
+}
+
 /* a capture the library has met is under way (an allocation on its stream went to the graph pool) */
 static void prep_capture(fx *f) {
   assert_status(gpumem_graph_pool_create(f->ctx, 0, &f->gp), GPUMEM_OK);
@@ -382,6 +427,10 @@ SCENARIO_TEST(test_graph_pool, "graph pool", op_graph, NULL, 0, 0, 0, 1, NULL)
 SCENARIO_TEST(test_stats_format, "stats format", op_stats, NULL, 0, 0, 0, 0, NULL)
 SCENARIO_TEST(test_reset, "reset", op_reset, after_reset, 0, 0, 0, 0, NULL)
 SCENARIO_TEST(test_reset_free_fails, "reset, the backend refusing frees", op_reset, after_reset, 0, 1, 0, 0, NULL)
+SCENARIO_TEST(test_reset_many_free_fails, "reset of many segments, the backend refusing frees", op_reset, after_reset, 0,
+              1, 0, 0, prep_many_segments)
+SCENARIO_TEST(test_reset_split_alias, "reset keeping alias ranges split by failed unmaps", op_reset_unmaps_fail,
+              after_reset_lend, 0, 1, 1, 0, prep_lend_split)
 SCENARIO_TEST(test_destroy_force, "forced destroy with live blocks", op_destroy_force, NULL, 0, 0, 0, 0, prep_destroy)
 SCENARIO_TEST(test_capture_frees, "frees during a capture", op_capture_frees, after_capture, 0, 0, 1, 1, prep_capture)
 
@@ -401,6 +450,8 @@ int main(void) {
       TU_TEST(test_reset),
       TU_TEST(test_capture_frees),
       TU_TEST(test_reset_free_fails),
+      TU_TEST(test_reset_many_free_fails),
+      TU_TEST(test_reset_split_alias),
       TU_TEST(test_destroy_force),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1087,6 +1087,48 @@ static void test_fault_malloc_free(void **state) {
   assert_int_equal(used(0), 0);
 }
 
+/* fail_every: call nth and every every-th after it fail, the ones between succeed, until cleared */
+static void test_fault_every(void **state) {
+  (void)state;
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_KINDS_, 1, 2, GPUMEM_SIM_ERR_INJECTED), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_fail_every((gpumem_sim_call)-1, 1, 2, GPUMEM_SIM_ERR_INJECTED), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_MALLOC, 0, 2, GPUMEM_SIM_ERR_INJECTED), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_MALLOC, 1, 0, GPUMEM_SIM_ERR_INJECTED), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_MALLOC, 1, 2, 0), GPUMEM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(sim_up("1GiB", NULL), 0);
+  void *q = NULL;
+  assert_int_equal(be.malloc(&be, 0, MiB, &q), 0); /* the refused calls armed nothing */
+  assert_int_equal(be.free(&be, 0, q), 0);
+  /* the 2nd, 5th and 8th calls fail */
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_MALLOC, 2, 3, GPUMEM_SIM_ERR_OUT_OF_MEMORY), GPUMEM_OK);
+  void *p[9];
+  int failed = 0;
+  for (int i = 0; i < 9; i++) {
+    int rc = be.malloc(&be, 0, MiB, &p[i]);
+    assert_int_equal(rc, (i % 3 == 1) ? GPUMEM_SIM_ERR_OUT_OF_MEMORY : 0);
+    if (rc != 0) p[i] = NULL, failed++;
+  }
+  assert_int_equal(failed, 3);
+  assert_int_equal(used(0), 6 * MiB); /* the failed calls did nothing */
+  /* a fail_nth replaces it; fail_clear ends it */
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_MALLOC, 1, 1, GPUMEM_SIM_ERR_INJECTED), GPUMEM_OK);
+  assert_int_equal(be.malloc(&be, 0, MiB, &q), GPUMEM_SIM_ERR_INJECTED);
+  assert_int_equal(be.malloc(&be, 0, MiB, &q), GPUMEM_SIM_ERR_INJECTED);
+  assert_int_equal(gpumem_sim_fail_nth(GPUMEM_SIM_CALL_MALLOC, 2, GPUMEM_SIM_ERR_INJECTED, 0), GPUMEM_OK);
+  assert_int_equal(be.malloc(&be, 0, MiB, &q), 0);
+  assert_int_equal(be.free(&be, 0, q), 0);
+  assert_int_equal(be.malloc(&be, 0, MiB, &q), GPUMEM_SIM_ERR_INJECTED);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(be.malloc(&be, 0, MiB, &q), 0);
+    assert_int_equal(be.free(&be, 0, q), 0);
+  }
+  assert_int_equal(gpumem_sim_fail_every(GPUMEM_SIM_CALL_FREE, 1, 2, GPUMEM_SIM_ERR_INJECTED), GPUMEM_OK);
+  gpumem_sim_fail_clear();
+  for (int i = 0; i < 9; i++)
+    if (p[i] != NULL) assert_int_equal(be.free(&be, 0, p[i]), 0);
+  assert_int_equal(used(0), 0);
+}
+
 static void test_fault_event_info_sync_map(void **state) {
   (void)state;
   /* injected before any state exists */
@@ -1247,6 +1289,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_device_reset, setup, teardown),
     cmocka_unit_test_setup_teardown(test_vm_roundtrip, setup, teardown),
     cmocka_unit_test_setup_teardown(test_fault_malloc_free, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_fault_every, setup, teardown),
     cmocka_unit_test_setup_teardown(test_fault_event_info_sync_map, setup, teardown),
     cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
   };

@@ -60,6 +60,20 @@ typedef enum gpumem_sim_call {
  */
 GPUMEM_API gpumem_status gpumem_sim_fail_nth(gpumem_sim_call kind, uint64_t nth, int error, int repeat);
 
+/**
+ * \brief Fail calls of a kind now and then: the `nth` next call (1 = the very next), and from there every
+ * `every`-th call (nth, nth + every, nth + 2 * every, ...), until cleared; the calls between succeed.
+ * Models a driver whose calls fail intermittently (a call over a range then half succeeds, with gaps).
+ * Replaces any fault armed for the kind.
+ * \param kind   the kind of call (::gpumem_sim_call).
+ * \param nth    the first call that fails, counting from 1.
+ * \param every  the distance between failing calls (1: every call from nth on).
+ * \param error  the backend code the calls return (a ::gpumem_sim_error).
+ * \return ::GPUMEM_OK; ::GPUMEM_ERR_INVALID_ARGUMENT for a bad kind, nth < 1, every < 1 or error 0.
+ * Thread-safe.
+ */
+GPUMEM_API gpumem_status gpumem_sim_fail_every(gpumem_sim_call kind, uint64_t nth, uint64_t every, int error);
+
 /** \brief Clear every injected fault. Thread-safe. */
 GPUMEM_API void gpumem_sim_fail_clear(void);
 

@@ -344,6 +344,7 @@ static struct {
   int error[GPUMEM_SIM_CALL_KINDS_];
   int repeat[GPUMEM_SIM_CALL_KINDS_];
   int sticky[GPUMEM_SIM_CALL_KINDS_]; /* repeat fault has fired: fail every call */
+  uint64_t every[GPUMEM_SIM_CALL_KINDS_]; /* gpumem_sim_fail_every: the countdown's next start (0 = none) */
   int delayed;
   int clocked;    /* gpumem_sim_set_clock: records carry the clock (completed by gpumem_sim_complete_before) */
   uint64_t clock;
@@ -359,6 +360,7 @@ static int sim__enter(gpumem_sim_call kind) {
   if (g_ctl.countdown[kind]) {
     if (--g_ctl.countdown[kind] == 0) {
       if (g_ctl.repeat[kind]) g_ctl.sticky[kind] = 1;
+      g_ctl.countdown[kind] = g_ctl.every[kind];
       return g_ctl.error[kind];
     }
   }
@@ -1809,6 +1811,20 @@ GPUMEM_API gpumem_status gpumem_sim_fail_nth(gpumem_sim_call kind, uint64_t nth,
   g_ctl.error[kind] = error;
   g_ctl.repeat[kind] = repeat != 0;
   g_ctl.sticky[kind] = 0;
+  g_ctl.every[kind] = 0;
+  pthread_mutex_unlock(&g_lock);
+  return GPUMEM_OK;
+}
+
+GPUMEM_API gpumem_status gpumem_sim_fail_every(gpumem_sim_call kind, uint64_t nth, uint64_t every, int error) {
+  if ((int)kind < 0 || (int)kind >= GPUMEM_SIM_CALL_KINDS_ || nth < 1 || every < 1 || error == 0)
+    return GPUMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&g_lock);
+  g_ctl.countdown[kind] = nth;
+  g_ctl.error[kind] = error;
+  g_ctl.repeat[kind] = 0;
+  g_ctl.sticky[kind] = 0;
+  g_ctl.every[kind] = every;
   pthread_mutex_unlock(&g_lock);
   return GPUMEM_OK;
 }
@@ -1820,6 +1836,7 @@ GPUMEM_API void gpumem_sim_fail_clear(void) {
     g_ctl.error[k] = 0;
     g_ctl.repeat[k] = 0;
     g_ctl.sticky[k] = 0;
+    g_ctl.every[k] = 0;
   }
   pthread_mutex_unlock(&g_lock);
 }

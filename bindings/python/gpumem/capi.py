@@ -393,6 +393,7 @@ _proto("gpumem_builtin_backend", POINTER(Backend), [c_char_p], required=False)
 
 # gpumem/sim.h (always built, but tolerate a library without it)
 _proto("gpumem_sim_fail_nth", _status, [c_int, c_uint64, c_int, c_int], required=False)
+_proto("gpumem_sim_fail_every", _status, [c_int, c_uint64, c_uint64, c_int], required=False)
 _proto("gpumem_sim_fail_clear", None, [], required=False)
 _proto("gpumem_sim_call_count", c_uint64, [c_int], required=False)
 _proto("gpumem_sim_set_delayed", None, [c_int], required=False)

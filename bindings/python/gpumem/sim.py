@@ -18,7 +18,7 @@ __all__ = [
     "CALL_MALLOC", "CALL_FREE", "CALL_EVENT", "CALL_INFO", "CALL_SYNC", "CALL_MAP",
     "ERR_INVALID_VALUE", "ERR_OUT_OF_MEMORY", "ERR_BAD_ENV", "ERR_NO_DEVICE",
     "ERR_INVALID_DEVICE", "ERR_INJECTED",
-    "available", "fail_nth", "fail_clear", "call_count", "set_delayed",
+    "available", "fail_nth", "fail_every", "fail_clear", "call_count", "set_delayed",
     "stream_complete", "complete_all", "set_clock", "complete_before", "used_bytes",
     "set_external_usage", "reinit",
 ]
@@ -49,6 +49,14 @@ def fail_nth(kind: int, nth: int = 1, error: int = ERR_INJECTED, repeat: bool = 
     With ``repeat`` that call and every later one of the kind fail until :func:`fail_clear`.
     """
     _check(capi.lib.gpumem_sim_fail_nth(_cint(kind, "kind"), _u64(nth, "nth"), _cint(error, "error"), 1 if repeat else 0))
+
+
+def fail_every(kind: int, nth: int = 1, every: int = 2, error: int = ERR_INJECTED) -> None:
+    """Fail the ``nth`` next call of ``kind`` and from there every ``every``-th one, until :func:`fail_clear`.
+
+    The calls between succeed: a driver failing now and then.
+    """
+    _check(capi.lib.gpumem_sim_fail_every(_cint(kind, "kind"), _u64(nth, "nth"), _u64(every, "every"), _cint(error, "error")))
 
 
 def fail_clear() -> None:

@@ -349,6 +349,10 @@ def test_sim_controls_check_their_arguments(ctx):
         sim.fail_nth(sim.CALL_MALLOC + 2**32)  # before: a fault armed on malloc
     with pytest.raises(gpumem.InvalidArgumentError):
         sim.fail_nth(sim.CALL_MALLOC, nth=-1)
+    with pytest.raises(gpumem.InvalidArgumentError):
+        sim.fail_every(sim.CALL_MALLOC, nth=1, every=0)
+    with pytest.raises(TypeError):
+        sim.fail_every(sim.CALL_MALLOC, every=1.5)
     with ctx.alloc(3 << 20) as b:  # no fault was armed by the refused calls
         assert b.alive
     assert sim.used_bytes(0) >= 0

@@ -112,6 +112,30 @@ def test_backend_error_keeps_raw_code(sim_ctx, sim_faults):
     assert "999" in str(ei.value)
 
 
+def test_intermittent_backend_failures(sim_faults):
+    """fail_every: every other device allocation fails, the ones between succeed; nothing is lost."""
+    c = gpumem.Context(backend="sim", expandable=False)  # one device allocation per new segment
+    try:
+        sim_faults.fail_every(sim_faults.CALL_MALLOC, nth=2, every=2, error=sim_faults.ERR_INJECTED)
+        outcomes = []
+        kept = []
+        for i in range(6):
+            try:
+                kept.append(c.alloc((64 + i) * MiB))  # each a segment of its own
+                outcomes.append("ok")
+            except gpumem.BackendError as e:
+                assert e.backend_code == sim_faults.ERR_INJECTED
+                outcomes.append("failed")
+        sim_faults.fail_clear()
+        assert outcomes == ["ok", "failed"] * 3
+        assert c.stats()["num_live"] == 3
+        for b in kept:
+            b.free()
+        assert c.stats()["num_live"] == 0
+    finally:
+        c.close()
+
+
 def test_no_backend_unknown_name():
     with pytest.raises(gpumem.NoBackendError):
         gpumem.Context(backend="no-such-backend", flags=gpumem.CONFIG_NO_ENV)
