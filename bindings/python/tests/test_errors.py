@@ -114,7 +114,7 @@ def test_backend_error_keeps_raw_code(sim_ctx, sim_faults):
 
 def test_intermittent_backend_failures(sim_faults):
     """fail_every: every other device allocation fails, the ones between succeed; nothing is lost."""
-    c = gpumem.Context(backend="sim", expandable=False)  # one device allocation per new segment
+    c = gpumem.Context(backend="sim", expandable=False, flags=gpumem.CONFIG_NO_ENV)  # one device allocation a segment
     try:
         sim_faults.fail_every(sim_faults.CALL_MALLOC, nth=2, every=2, error=sim_faults.ERR_INJECTED)
         outcomes = []
