@@ -4,8 +4,9 @@
  * the OOM callback, initial bytes, stream_deps, plain or expandable segments) and a sequence of
  * operations: alloc, free (one in eight after gpumem_record_stream on one or
  * two streams), double/interior/foreign free, trim, reset, scope begin/alloc/end, buffers, stream switches, delayed-event mode and stream
- * completion, fault injection (gpumem_sim_fail_nth, and the host running out
- * of memory at the k-th host allocation of the library: code 199) and clearing, external
+ * completion, fault injection (gpumem_sim_fail_nth; gpumem_sim_fail_every, a driver failing now and
+ * then: code 179; the host running out of memory at the k-th host allocation of the library: code
+ * 199) and clearing, external
  * device usage, absurd sizes. Every operation is checked against a reference
  * model of the live blocks:
  *   - contents stamped into every live block are checked before each free and
@@ -1038,6 +1039,23 @@ static void op_host_fault(reader *r) {
   g_faults++;
 }
 
+/* Code 179 (FUZZ_OPS_EVERY=0 turns it off): a driver failing now and then. Calls of a kind fail from the
+ * nth on, every `every`-th one (2-5), the ones between succeeding, until cleared: a call over several
+ * chunks or blocks then half succeeds, with gaps. */
+static int g_every_ops;
+static void op_fault_every(reader *r) {
+  uint8_t k = u8(r);
+  gpumem_sim_call kind = (gpumem_sim_call)(k % GPUMEM_SIM_CALL_KINDS_);
+  uint64_t nth = 1 + ((k >> 3) & 7);
+  uint64_t every = 2 + ((k >> 6) & 3);
+  gpumem_status s = gpumem_sim_fail_every(kind, nth, every, GPUMEM_SIM_ERR_INJECTED);
+  TRACE("fail_every(kind %d, nth %llu, every %llu)\n", (int)kind, (unsigned long long)nth, (unsigned long long)every);
+  CHECK(s == GPUMEM_OK, "fail_every: %s", SN(s));
+  W.armed = 1;
+  if (g_active >= 0) g_cap[g_active].armed = 1;
+  g_faults++;
+}
+
 static void op_fault_clear(void) {
   TRACE("fail_clear\n");
   gpumem_sim_fail_clear();
@@ -1173,9 +1191,12 @@ static void run_input(const uint8_t *data, size_t size) {
       case 17: g_cur_name = "fault_clear"; op_fault_clear(); break;
       case 18: g_cur_name = "sim"; op_sim(r); break;
       default:
-        if (code >= 200 && g_capture_ops) { /* (219, 239: two of the twelve codes of queries) */
+        if (code >= 200 && g_capture_ops) { /* (219, 239: two of the codes of queries) */
           g_cur_name = "capture";
           op_capture(r);
+        } else if (code == 179 && g_every_ops) {
+          g_cur_name = "fault_every";
+          op_fault_every(r);
         } else if (code == 199 && g_host_ops) {
           g_cur_name = "host_fault";
           op_host_fault(r);
@@ -1255,6 +1276,7 @@ static void setup(void) {
   g_trace = getenv("FUZZ_OPS_TRACE") != NULL && *getenv("FUZZ_OPS_TRACE") == '1';
   g_capture_ops = getenv("FUZZ_OPS_CAPTURE") == NULL || *getenv("FUZZ_OPS_CAPTURE") != '0';
   g_host_ops = getenv("FUZZ_OPS_HOST") == NULL || *getenv("FUZZ_OPS_HOST") != '0';
+  g_every_ops = getenv("FUZZ_OPS_EVERY") == NULL || *getenv("FUZZ_OPS_EVERY") != '0';
   setenv("GPUMEM_SIM_DEVICES", "2x64MiB", 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
   unsetenv("GPUMEM_LOG");
