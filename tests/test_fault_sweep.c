@@ -2,7 +2,8 @@
  * each kind (malloc, free, event, info, sync, map) it makes in a clean run,
  * then run it again once for every i = 1..count (+1) and every kind with the
  * i-th call of that kind failing (GPUMEM_SIM_ERR_INJECTED, and for malloc
- * also GPUMEM_SIM_ERR_OUT_OF_MEMORY). In every run:
+ * also GPUMEM_SIM_ERR_OUT_OF_MEMORY), and once for every i with the i-th call and every 2nd (then 3rd)
+ * one after it failing, the calls between succeeding (gpumem_sim_fail_every). In every run:
  *   - every status is one gpumem.h documents for that function
  *     (GPUMEM_ERR_BACKEND only because a fault is armed);
  *   - a failed call leaves its out-parameter untouched and changes no block
@@ -340,7 +341,8 @@ static const char *kind_name(int k) {
 }
 
 /* One run of a scenario; fault_kind < 0: none. Returns 1 when fine; *calls gets the calls of fault_kind made. */
-static int one_run(const scenario *sc, int fault_kind, uint64_t nth, int error, int force_destroy, uint64_t *calls) {
+static int one_run_every(const scenario *sc, int fault_kind, uint64_t nth, uint64_t every, int error, int force_destroy,
+                         uint64_t *calls) {
   run r;
   memset(&r, 0, sizeof r);
   r.victim = -1;
@@ -362,7 +364,8 @@ static int one_run(const scenario *sc, int fault_kind, uint64_t nth, int error, 
   assert_status(gpumem_create(&cfg, &r.ctx), GPUMEM_OK);
   uint64_t c0 = fault_kind >= 0 ? gpumem_sim_call_count((gpumem_sim_call)fault_kind) : 0;
   if (fault_kind >= 0) {
-    assert_status(gpumem_sim_fail_nth((gpumem_sim_call)fault_kind, nth, error, 0), GPUMEM_OK);
+    if (every > 0) assert_status(gpumem_sim_fail_every((gpumem_sim_call)fault_kind, nth, every, error), GPUMEM_OK);
+    else assert_status(gpumem_sim_fail_nth((gpumem_sim_call)fault_kind, nth, error, 0), GPUMEM_OK);
     r.armed = 1;
   }
   sc->fn(&r);
@@ -398,11 +401,16 @@ static int one_run(const scenario *sc, int fault_kind, uint64_t nth, int error, 
   g_run = NULL;
   if (r.bad) {
     if (fault_kind >= 0)
-      print_error("[%s] %s call #%llu failing with %d: %s\n", sc->name, kind_name(fault_kind), (unsigned long long)nth, error, r.where);
+      print_error("[%s] %s call #%llu failing with %d (then every %llu-th: 0 = none): %s\n", sc->name, kind_name(fault_kind),
+                  (unsigned long long)nth, error, (unsigned long long)every, r.where);
     else
       print_error("[%s] no fault: %s\n", sc->name, r.where);
   }
   return !r.bad;
+}
+
+static int one_run(const scenario *sc, int fault_kind, uint64_t nth, int error, int force_destroy, uint64_t *calls) {
+  return one_run_every(sc, fault_kind, nth, 0, error, force_destroy, calls);
 }
 
 static void sweep(const scenario *sc) {
@@ -425,6 +433,14 @@ static void sweep(const scenario *sc) {
         if (!tu_sweep_keep(nth, calls + 1, 2, (unsigned)(k + e))) continue; /* valgrind: a stride (testutil.h) */
         runs++;
         if (!one_run(sc, k, nth, errors[e], (int)(nth & 1), NULL)) failures++;
+      }
+    /* a driver failing now and then (gpumem_sim_fail_every): from the nth call on every 2nd or 3rd one fails, the
+     * ones between succeed, so that a call over several chunks, segments or events half succeeds with gaps */
+    for (uint64_t every = 2; every <= 3; every++)
+      for (uint64_t nth = 1; nth <= calls; nth++) {
+        if (!tu_sweep_keep(nth, calls, 2, (unsigned)(k + (int)every))) continue;
+        runs++;
+        if (!one_run_every(sc, k, nth, every, errors[0], (int)((nth + every) & 1), NULL)) failures++;
       }
   }
   print_message("[%s] calls: %s; %d faulty runs, %d failed\n", sc->name, counts, runs, failures);
