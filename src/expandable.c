@@ -570,7 +570,8 @@ int gpumem__vm_keep_seg(gpumem__pool *p, gpumem__segment *s) {
     k++;
     last_end = a + n < end ? a + n : end;
   }
-  if (block_reserve(p, 2 * k + 1) != 0) return -1; /* an alias and a gap each, and the rest (pool_clear_locked kept them) */
+  /* an alias and a gap each, and the rest: from the slabs pool_clear_locked kept (as many as the pool had) */
+  if (block_reserve(p, 2 * k + 1) != 0) return -1;
   /* the records: those deferred_clear kept first. With fewer than k (no host memory for more), the last
    * record parks every alias range left and the gaps between them: their mapped memory serves nothing
    * until the device synchronisation that unmaps the aliases, which is no loss of memory */
