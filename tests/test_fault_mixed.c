@@ -1,4 +1,5 @@
-/* Fault sweep: fail the 1st, 2nd, ... Nth backend call of each kind during a scenario.
+/* Fault sweep: fail the 1st, 2nd, ... Nth backend call of each kind during a scenario, and (a driver
+ * failing now and then) from each call on every 2nd or 3rd call of the kind, the ones between succeeding.
  * Every status must be a documented one, nothing may leak, stats stay consistent,
  * a failed call changes nothing, and everything works again once faults are cleared. */
 #include "testutil.h"
@@ -117,8 +118,9 @@ static const char *kind_name(int k) {
   return names[k];
 }
 
-/* One full run; returns 1 when fine. fault_kind < 0: no fault. */
-static int one_run(int fault_kind, uint64_t nth, int error, uint64_t *calls_out) {
+/* One full run; returns 1 when fine. fault_kind < 0: no fault. every > 0: from the nth call on, every
+ * every-th call of the kind fails (gpumem_sim_fail_every), the ones between succeed. */
+static int one_run_every(int fault_kind, uint64_t nth, uint64_t every, int error, uint64_t *calls_out) {
   run r;
   memset(&r, 0, sizeof r);
   uint64_t c0 = fault_kind >= 0 ? gpumem_sim_call_count((gpumem_sim_call)fault_kind) : 0;
@@ -131,7 +133,8 @@ static int one_run(int fault_kind, uint64_t nth, int error, uint64_t *calls_out)
   assert_status(s, GPUMEM_OK);
   if (fault_kind >= 0) {
     c0 = gpumem_sim_call_count((gpumem_sim_call)fault_kind);
-    assert_status(gpumem_sim_fail_nth((gpumem_sim_call)fault_kind, nth, error, 0), GPUMEM_OK);
+    if (every > 0) assert_status(gpumem_sim_fail_every((gpumem_sim_call)fault_kind, nth, every, error), GPUMEM_OK);
+    else assert_status(gpumem_sim_fail_nth((gpumem_sim_call)fault_kind, nth, error, 0), GPUMEM_OK);
   }
   scenario(&r);
   uint64_t calls = fault_kind >= 0 ? gpumem_sim_call_count((gpumem_sim_call)fault_kind) - c0 : 0;
@@ -181,11 +184,16 @@ static int one_run(int fault_kind, uint64_t nth, int error, uint64_t *calls_out)
   }
   if (r.bad) {
     if (fault_kind >= 0)
-      print_error("fault: %s call #%llu failing with %d: %s\n", kind_name(fault_kind), (unsigned long long)nth, error, r.where);
+      print_error("fault: %s call #%llu failing with %d (then every %llu-th: 0 = none): %s\n", kind_name(fault_kind),
+                  (unsigned long long)nth, error, (unsigned long long)every, r.where);
     else
       print_error("no fault: %s\n", r.where);
   }
   return !r.bad;
+}
+
+static int one_run(int fault_kind, uint64_t nth, int error, uint64_t *calls_out) {
+  return one_run_every(fault_kind, nth, 0, error, calls_out);
 }
 
 static void test_fault_sweep(void **state) {
@@ -205,6 +213,13 @@ static void test_fault_sweep(void **state) {
         if (!tu_sweep_keep(nth, calls + 1, 2, (unsigned)(k + e))) continue; /* valgrind: a stride (testutil.h) */
         runs++;
         if (!one_run(k, nth, errors[e], NULL)) failures++;
+      }
+    /* a driver failing now and then: from the nth call on, every 2nd or 3rd */
+    for (uint64_t every = 2; every <= 3; every++)
+      for (uint64_t nth = 1; nth <= calls; nth++) {
+        if (!tu_sweep_keep(nth, calls, 2, (unsigned)(k + (int)every))) continue;
+        runs++;
+        if (!one_run_every(k, nth, every, errors[0], NULL)) failures++;
       }
   }
   print_message("fault sweep: %d runs, %d failed\n", runs, failures);
