@@ -290,7 +290,7 @@ static void after_reset(fx *f, gpumem_status st) {
 
 /* more cached segments than one slab of block structs holds (pool.h, SLAB_N): at a reset that the backend
  * refuses, each stays cached as one free block, with no host memory needed for any of them */
-#define MANY_SEGS 300
+#define MANY_SEGS 160
 static void prep_many_segments(fx *f) {
   static void *p[MANY_SEGS];
   for (int i = 0; i < MANY_SEGS; i++) assert_status(gpumem_alloc(f->ctx, 0, 12u << 20, SA, &p[i]), GPUMEM_OK);
