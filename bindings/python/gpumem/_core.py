@@ -653,6 +653,94 @@ class Context:
         """Reset ``allocated_peak`` and ``reserved_peak`` to the current values."""
         self._call(capi.lib.gpumem_reset_peak_stats, _device(device, True))
 
+    def stats_text(self, format: str = "json", device: int = ALL_DEVICES) -> str:
+        """The statistics as text (``gpumem_stats_format``): ``"json"`` (one object keyed by the
+        ``gpumem_stats`` field names; for ALL_DEVICES one entry per device and their sum) or
+        ``"prometheus"`` (the text exposition format, metrics ``gpumem_<field>`` labelled by backend
+        and device; docs/MONITORING.md)."""
+        kinds = {"json": 0, "prometheus": 1}
+        if not isinstance(format, str):
+            raise TypeError("format must be a str, not %s" % type(format).__name__)
+        if format not in kinds:
+            raise _arg_error("format=%r is not one of %s" % (format, ", ".join(sorted(kinds))))
+        dev = _device(device, True)
+        need = c_size_t(0)
+        self._call(capi.lib.gpumem_stats_format, dev, kinds[format], None, 0, byref(need))
+        while True:  # numbers may grow between the size query and the text: retry with the new size
+            buf = ctypes.create_string_buffer(need.value + 256)
+            state = self._state
+            h = state.enter()
+            try:
+                rc = capi.lib.gpumem_stats_format(h, dev, kinds[format], buf, len(buf), byref(need))
+                if rc != 0 and need.value <= len(buf):
+                    _check(rc, h)
+            finally:
+                state.leave()
+            if rc == 0:
+                return buf.value.decode("utf-8")
+
+    def set_limit(self, limit_bytes: int, device: int = 0) -> None:
+        """Cap the bytes reserved on ``device`` (``gpumem_set_limit``; 0 removes the cap), the
+        device's graph pools included. Memory cached above the new cap is given back now; an
+        allocation that would pass it raises :class:`LimitExceededError`."""
+        self._call(capi.lib.gpumem_set_limit, _device(device), _u64(limit_bytes, "limit_bytes"))
+
+    def get_limit(self, device: int = 0) -> int:
+        """The cap on bytes reserved on ``device`` (0: none), from ``limit_bytes`` /
+        ``limit_fraction`` or :meth:`set_limit`."""
+        out = c_uint64(0)
+        self._call(capi.lib.gpumem_get_limit, _device(device), byref(out))
+        return out.value
+
+    def largest_free_block(self, device: int = 0) -> int:
+        """The largest block one allocation on ``device`` can get from the cache without growing
+        (with expandable segments, every cached byte)."""
+        out = c_uint64(0)
+        self._call(capi.lib.gpumem_largest_free_block, _device(device), byref(out))
+        return out.value
+
+    def share_members(self, device: int = 0) -> List[Dict[str, Any]]:
+        """The members of the calling user's shared groups on the GPU of ``device``
+        (``gpumem_share_members``; docs/SHARED-GPUS.md): one dict each, keyed by the
+        ``gpumem_share_member`` field names (``command`` and ``group`` as str, ``listening`` and
+        ``self`` as bool). Raises :class:`NotSupportedError` for a device that is this process's
+        alone (a simulated device without ``GPUMEM_SIM_SHARED``)."""
+        dev = _device(device)
+        count = c_size_t(0)
+        self._call(capi.lib.gpumem_share_members, dev, None, 0, byref(count))
+        while True:  # members may join between the two calls
+            n = count.value + 4
+            arr = (capi.ShareMember * n)()
+            arr[0].struct_size = ctypes.sizeof(capi.ShareMember)
+            self._call(capi.lib.gpumem_share_members, dev, arr, n, byref(count))
+            if count.value <= n:
+                break
+        out = []
+        for m in arr[: count.value]:
+            d: Dict[str, Any] = {}
+            for name, _ in capi.ShareMember._fields_:
+                if name == "struct_size":
+                    continue
+                v = getattr(m, name)
+                if name in ("command", "group"):
+                    v = v.decode("utf-8", "replace")
+                elif name in ("listening", "self"):
+                    v = bool(v)
+                d[name] = v
+            out.append(d)
+        return out
+
+    def share_reclaim(self, nbytes: int = UNLIMITED, wait_ms: int = 300, device: int = 0) -> Tuple[int, int]:
+        """Ask every other member of the calling user's groups on the GPU of ``device`` to give up
+        to ``nbytes`` of its cached memory back now (``gpumem_share_reclaim``, what ``gpumem-info
+        --trim`` does), waiting at most ``wait_ms`` for the answers. Returns (bytes given back,
+        members that answered)."""
+        given = c_uint64(0)
+        answered = c_size_t(0)
+        self._call(capi.lib.gpumem_share_reclaim, _device(device), _u64(nbytes, "nbytes"),
+                   _uint(wait_ms, "wait_ms", 32), byref(given), byref(answered))
+        return given.value, answered.value
+
     # -- helpers -------------------------------------------------------------
 
     def _call(self, fn: Callable[..., int], *args: Any) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "Config",
     "DeviceInfo",
     "Stats",
+    "ShareMember",
     "Buffer",
     "Backend",
     "CupyAllocator",
@@ -180,6 +181,25 @@ class Stats(Structure):
         ("num_share_asks", c_uint64),
         ("num_share_asked", c_uint64),
         ("share_given_bytes", c_uint64),
+    ]
+
+
+class ShareMember(Structure):
+    """``gpumem_share_member``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("pid", c_int),
+        ("command", c_char * 32),
+        ("group", c_char * 64),
+        ("reserved_bytes", c_uint64),
+        ("cached_bytes", c_uint64),
+        ("live_bytes", c_uint64),
+        ("asked", c_uint64),
+        ("was_asked", c_uint64),
+        ("given_bytes", c_uint64),
+        ("listening", c_int),
+        ("self", c_int),
     ]
 
 
@@ -381,6 +401,19 @@ _proto("gpumem_capture_pools_release", _status, [_ctx, c_int])
 _proto("gpumem_capture_ended", _status, [_ctx, c_int, c_void_p])
 _proto("gpumem_get_stats", _status, [_ctx, c_int, POINTER(Stats)])
 _proto("gpumem_reset_peak_stats", _status, [_ctx, c_int])
+_proto("gpumem_stats_format", _status, [_ctx, c_int, c_int, c_char_p, c_size_t, POINTER(c_size_t)])
+_proto("gpumem_set_limit", _status, [_ctx, c_int, c_uint64])
+_proto("gpumem_get_limit", _status, [_ctx, c_int, POINTER(c_uint64)])
+_proto("gpumem_largest_free_block", _status, [_ctx, c_int, POINTER(c_uint64)])
+_proto("gpumem_share_members", _status, [_ctx, c_int, POINTER(ShareMember), c_size_t, POINTER(c_size_t)])
+_proto("gpumem_share_reclaim", _status, [_ctx, c_int, c_uint64, c_uint32, POINTER(c_uint64), POINTER(c_size_t)])
+_proto("gpumem_graph_pool_create", _status, [_ctx, c_int, POINTER(c_void_p)])
+_proto("gpumem_graph_pool_begin", _status, [c_void_p, c_void_p])
+_proto("gpumem_graph_pool_end", _status, [c_void_p, c_void_p])
+_proto("gpumem_graph_pool_alloc", _status, [c_void_p, c_size_t, c_void_p, POINTER(c_void_p)])
+_proto("gpumem_graph_pool_alloc_at", _status, [c_void_p, c_void_p, c_size_t])
+_proto("gpumem_graph_pool_release", _status, [c_void_p])
+_proto("gpumem_graph_pool_get_stats", _status, [c_void_p, POINTER(Stats)])
 _proto("gpumem_torch_alloc", c_void_p, [c_size_t, c_int, c_void_p])
 _proto("gpumem_torch_free", None, [c_void_p, c_size_t, c_int, c_void_p])
 _proto("gpumem_global_context", _status, [POINTER(c_void_p)])
@@ -404,6 +437,19 @@ _proto("gpumem_sim_complete_before", None, [c_uint64], required=False)
 _proto("gpumem_sim_used_bytes", _status, [c_int, POINTER(c_uint64)], required=False)
 _proto("gpumem_sim_set_external_usage", _status, [c_int, c_uint64], required=False)
 _proto("gpumem_sim_reinit", _status, [], required=False)
+_proto("gpumem_sim_stream_submit", _status, [c_int, c_void_p, POINTER(c_uint64)], required=False)
+_proto("gpumem_sim_stream_wait", _status, [c_int, c_void_p, c_void_p], required=False)
+_proto("gpumem_sim_stream_done", _status, [c_int, c_void_p, c_uint64, POINTER(c_int)], required=False)
+_proto("gpumem_sim_stream_ordered", _status, [c_int, c_void_p, c_void_p, c_uint64, POINTER(c_int)], required=False)
+_proto("gpumem_sim_stream_begin_capture", _status, [c_int, c_void_p, c_int], required=False)
+_proto("gpumem_sim_stream_end_capture", _status, [c_int, c_void_p, POINTER(c_int)], required=False)
+_proto("gpumem_sim_stream_capture_status", _status,
+       [c_int, c_void_p, POINTER(c_int), POINTER(c_uint64), POINTER(c_uint64)], required=False)
+_proto("gpumem_sim_stream_destroy", _status, [c_int, c_void_p], required=False)
+_proto("gpumem_sim_stream_create", _status, [c_int, c_void_p], required=False)
+_proto("gpumem_sim_dead_stream_uses", c_uint64, [], required=False)
+_proto("gpumem_sim_thread_exchange_capture_mode", _status, [POINTER(c_int)], required=False)
+_proto("gpumem_sim_set_capture_relax", None, [c_int], required=False)
 
 
 def builtin_backend(name: str) -> Optional[Backend]:

@@ -118,6 +118,46 @@ def test_limit_fraction():
         assert c.stats()["num_limit_exceeded"] == 1
 
 
+def test_set_limit_caps_and_get_limit(ctx):
+    assert ctx.get_limit() == 0  # no cap
+    ctx.set_limit(64 * MiB)
+    assert ctx.get_limit(0) == 64 * MiB
+    with pytest.raises(gpumem.LimitExceededError):
+        ctx.alloc(128 * MiB)
+    with ctx.alloc(8 * MiB):  # under the cap
+        pass
+    assert ctx.stats(0)["num_limit_exceeded"] == 1
+    ctx.set_limit(0)
+    with ctx.alloc(128 * MiB):
+        pass
+    with pytest.raises(gpumem.InvalidDeviceError):
+        ctx.set_limit(MiB, device=ctx.device_count + 5)
+    with pytest.raises(gpumem.InvalidDeviceError):
+        ctx.get_limit(device=gpumem.ALL_DEVICES)
+    with pytest.raises(gpumem.InvalidArgumentError):
+        ctx.set_limit(-1)
+    with pytest.raises(TypeError):
+        ctx.set_limit(1.5)
+    assert ctx.get_limit() == 0  # the refused calls changed nothing
+
+
+def test_limit_fraction_reads_back():
+    with gpumem.Context(backend="sim", limit_fraction=0.25, flags=gpumem.CONFIG_NO_ENV) as c:
+        total = c.device_info(0)["total_bytes"]
+        assert abs(c.get_limit() - total // 4) <= 2 * MiB
+
+
+def test_largest_free_block(ctx):
+    assert ctx.largest_free_block() == 0  # nothing cached yet
+    b = ctx.alloc(8 * MiB)
+    b.free()
+    assert ctx.largest_free_block(0) >= 8 * MiB
+    ctx.trim()
+    assert ctx.largest_free_block(0) == 0
+    with pytest.raises(gpumem.InvalidDeviceError):
+        ctx.largest_free_block(device=ctx.device_count + 5)
+
+
 def test_bad_config_values():
     with pytest.raises(TypeError):
         gpumem.Context(backend="sim", limit_bytes="lots")

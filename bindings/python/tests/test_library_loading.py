@@ -93,3 +93,27 @@ def test_env_fallback_warns(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "LOADED " + str(pkg / "gpumem" / "libgpumem.so")
     assert "RuntimeWarning" in r.stderr and "missing.so" in r.stderr
+
+
+def test_every_public_function_has_a_prototype():
+    """gpumem.capi sets argtypes and restype for every function of gpumem.h, gpumem/sim.h and
+    gpumem/backend.h (docs/PYTHON.md): without them ctypes passes pointers and 64-bit sizes as C ints."""
+    import re
+
+    import pytest
+
+    include = os.path.join(PKG_DIR, os.pardir, os.pardir, "include")
+    headers = [os.path.join(include, "gpumem.h"), os.path.join(include, "gpumem", "sim.h"),
+               os.path.join(include, "gpumem", "backend.h")]
+    if not all(os.path.exists(h) for h in headers):
+        pytest.skip("the headers are not beside this package (an installed wheel)")
+    names = set()
+    for h in headers:
+        with open(h) as f:
+            names.update(re.findall(r"GPUMEM_API[^;{(]*?\b(gpumem_\w+)\s*\(", f.read()))
+    assert len(names) > 60
+    lib = gpumem.capi.lib
+    missing = sorted(n for n in names if hasattr(lib, n) and getattr(lib, n).argtypes is None)
+    assert missing == []
+    absent = sorted(n for n in names if not hasattr(lib, n))
+    assert absent == []  # the library exports every declared function

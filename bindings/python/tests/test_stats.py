@@ -130,3 +130,39 @@ def test_binding_fields_match_the_c_list(ctx):
     assert tuple(keys) == capi.STATS_FIELDS
     assert [n for n, _ in capi.Stats._fields_[:2]] == ["struct_size", "reserved_"]
     assert ctypes.sizeof(capi.Stats) == 8 + 8 * len(keys)
+
+
+def test_stats_text_json_matches_stats(ctx):
+    import json
+
+    b = ctx.alloc(3 * MiB)
+    one = json.loads(ctx.stats_text("json", device=0))
+    assert one["device"] == 0 and one["backend"] == ctx.backend
+    st = ctx.stats(0)
+    for name in ("allocated_bytes", "reserved_bytes", "num_live", "num_allocs"):
+        assert one[name] == st[name]
+    every = json.loads(ctx.stats_text())  # ALL_DEVICES: one entry per device with a pool, and the sum
+    assert every["total"]["allocated_bytes"] == ctx.stats()["allocated_bytes"]
+    assert [d["device"] for d in every["devices"]] == [0]
+    b.free()
+
+
+def test_stats_text_prometheus(ctx):
+    b = ctx.alloc(3 * MiB)
+    text = ctx.stats_text("prometheus", device=0)
+    n = ctx.stats(0)["allocated_bytes"]
+    assert "# TYPE gpumem_allocated_bytes gauge" in text
+    assert 'gpumem_allocated_bytes{backend="%s",device="0"} %d' % (ctx.backend, n) in text
+    assert "# TYPE gpumem_num_allocs_total counter" in text
+    b.free()
+
+
+def test_stats_text_rejects_bad_arguments(ctx):
+    with pytest.raises(gpumem.InvalidArgumentError):
+        ctx.stats_text("xml")
+    with pytest.raises(TypeError):
+        ctx.stats_text(1)
+    with pytest.raises(gpumem.InvalidDeviceError):
+        ctx.stats_text("json", device=ctx.device_count + 5)
+    with pytest.raises(gpumem.InvalidDeviceError):
+        ctx.stats_text("json", device=-7)
