@@ -17,8 +17,8 @@
  * Destructors never throw. All classes are move-only; a moved-from object is
  * empty and its destructor does nothing.
  *
- * Lifetimes: a gpumem::buffer or gpumem::scope made by a gpumem::context
- * shares ownership of the C context with it. If the gpumem::context object is
+ * Lifetimes: a gpumem::buffer, gpumem::scope or gpumem::graph_pool made by a
+ * gpumem::context shares ownership of the C context with it. If the gpumem::context object is
  * destroyed first (member order, a scope declared outside the context's block),
  * the C context stays alive until the last such handle is gone, and is then
  * destroyed as ~context() would have (forced, with a leak report, if raw
@@ -282,6 +282,110 @@ private:
 };
 
 /**
+ * \brief A private pool for CUDA/HIP graph captures (wraps ::gpumem_graph_pool); released when destroyed.
+ *
+ * Made by context::graph_pool(): it keeps the C context alive until it is gone (see the file's
+ * lifetime notes). Route a capturing stream to it with begin() and end(), or allocate from it
+ * explicitly with alloc(); its blocks are freed with context::free() (in order on a stream).
+ * Its memory never serves work outside the pool while it lives; destroying it (or release())
+ * gives its cached memory back, and each block still live when it is freed. Move-only.
+ */
+class graph_pool {
+public:
+  /** \brief An empty (released) pool. */
+  graph_pool() noexcept = default;
+
+  /** \brief Move: `other` is left empty. */
+  graph_pool(graph_pool &&other) noexcept : p_(std::exchange(other.p_, nullptr)), owner_(std::move(other.owner_)) {}
+
+  /** \brief Move assignment: releases the pool held so far (errors ignored), then takes `other`'s. */
+  graph_pool &operator=(graph_pool &&other) noexcept {
+    if (this != &other) {
+      if (p_) (void)gpumem_graph_pool_release(p_);
+      p_ = std::exchange(other.p_, nullptr);
+      owner_ = std::move(other.owner_);
+    }
+    return *this;
+  }
+
+  graph_pool(const graph_pool &) = delete;            ///< not copyable
+  graph_pool &operator=(const graph_pool &) = delete; ///< not copyable
+
+  /**
+   * \brief Releases the pool; errors are ignored (a pool with streams still routed to it, which the
+   *        C call refuses, then stays until the context is destroyed).
+   */
+  ~graph_pool() {
+    if (p_) (void)gpumem_graph_pool_release(p_);
+  }
+
+  /**
+   * \brief Route allocations on `stream` (and on every stream of its capture) to this pool until end().
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_ARGUMENT: released, or `stream` routed to another pool).
+   */
+  void begin(gpumem_stream stream) { check(gpumem_graph_pool_begin(live_("gpumem_graph_pool_begin"), stream), "gpumem_graph_pool_begin"); }
+
+  /** \brief Stop routing `stream` to this pool. \throws gpumem::error (`stream` not routed to it). */
+  void end(gpumem_stream stream) { check(gpumem_graph_pool_end(live_("gpumem_graph_pool_end"), stream), "gpumem_graph_pool_end"); }
+
+  /**
+   * \brief Allocate `bytes` from the pool on `stream`; free it with context::free().
+   * \throws gpumem::error as gpumem_graph_pool_alloc() (::GPUMEM_ERR_OUT_OF_MEMORY, ...).
+   */
+  void *alloc(std::size_t bytes, gpumem_stream stream = nullptr) {
+    void *p = nullptr;
+    check(gpumem_graph_pool_alloc(live_("gpumem_graph_pool_alloc"), bytes, stream, &p), "gpumem_graph_pool_alloc");
+    return p;
+  }
+
+  /**
+   * \brief Allocate exactly [`ptr`, `ptr` + `bytes`) of the pool's free memory (gpumem_graph_pool_alloc_at()).
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_POINTER, ::GPUMEM_ERR_BUSY, ...).
+   */
+  void alloc_at(void *ptr, std::size_t bytes) {
+    check(gpumem_graph_pool_alloc_at(live_("gpumem_graph_pool_alloc_at"), ptr, bytes), "gpumem_graph_pool_alloc_at");
+  }
+
+  /** \brief The pool's statistics. \throws gpumem::error when released. */
+  gpumem_stats stats() const {
+    gpumem_stats st{};
+    st.struct_size = sizeof st;
+    check(gpumem_graph_pool_get_stats(live_("gpumem_graph_pool_get_stats"), &st), "gpumem_graph_pool_get_stats");
+    return st;
+  }
+
+  /**
+   * \brief Release the pool now. Harmless when already released.
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_ARGUMENT: streams still routed to it; the pool is
+   *         kept then, and may be ended and released again).
+   */
+  void release() {
+    if (!p_) return;
+    check(gpumem_graph_pool_release(p_), "gpumem_graph_pool_release");
+    p_ = nullptr;
+    owner_.reset(); // (may destroy the context: after the release)
+  }
+
+  /** \brief True until released. */
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+
+  /** \brief The underlying C handle (still owned by this object); nullptr when released. */
+  gpumem_graph_pool *get() const noexcept { return p_; }
+
+private:
+  friend class context;
+  graph_pool(gpumem_graph_pool *p, std::shared_ptr<detail::context_state> owner) noexcept : p_(p), owner_(std::move(owner)) {}
+
+  gpumem_graph_pool *live_(const char *fn) const {
+    if (!p_) throw error(GPUMEM_ERR_INVALID_ARGUMENT, fn);
+    return p_;
+  }
+
+  gpumem_graph_pool *p_ = nullptr;
+  std::shared_ptr<detail::context_state> owner_; // keeps the C context alive until the pool is released
+};
+
+/**
  * \brief A libgpumem context (wraps ::gpumem_context). Move-only.
  *
  * The destructor destroys the context normally; if allocations are still
@@ -361,7 +465,7 @@ public:
   void destroy(unsigned flags = 0) {
     if (!st_) return;
     if (st_.use_count() > 1)
-      throw error(GPUMEM_ERR_BUSY, "gpumem::context::destroy (buffers or scopes made from the context are alive)");
+      throw error(GPUMEM_ERR_BUSY, "gpumem::context::destroy (buffers, scopes or graph pools made from the context are alive)");
     check(gpumem_destroy(st_->ctx, flags), "gpumem_destroy");
     st_->ctx = nullptr;
     st_.reset();
@@ -508,6 +612,64 @@ public:
   /** \brief Reset the peak statistics of a device (or all) to the current values. \throws gpumem::error. */
   void reset_peak_stats(int device = GPUMEM_ALL_DEVICES) {
     check(gpumem_reset_peak_stats(raw_(), device), "gpumem_reset_peak_stats");
+  }
+
+  /**
+   * \brief The statistics as text (gpumem_stats_format()): ::GPUMEM_STATS_JSON or ::GPUMEM_STATS_PROMETHEUS.
+   * \param format the format.
+   * \param device a device or ::GPUMEM_ALL_DEVICES.
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_ARGUMENT for an unknown format, ::GPUMEM_ERR_INVALID_DEVICE);
+   *         std::bad_alloc.
+   */
+  std::string stats_text(gpumem_stats_format_kind format = GPUMEM_STATS_JSON, int device = GPUMEM_ALL_DEVICES) const {
+    std::size_t need = 0;
+    check(gpumem_stats_format(raw_(), device, format, nullptr, 0, &need), "gpumem_stats_format");
+    for (;;) { // the numbers may grow between the size query and the text: retry with the new size
+      std::string text(need + 256, '\0');
+      gpumem_status st = gpumem_stats_format(raw_(), device, format, &text[0], text.size(), &need);
+      if (st == GPUMEM_OK) {
+        text.resize(need > 0 ? need - 1 : 0);
+        return text;
+      }
+      if (need <= text.size()) check(st, "gpumem_stats_format");
+    }
+  }
+
+  /**
+   * \brief Cap the bytes reserved on `device` (gpumem_set_limit(); 0 removes the cap), its graph pools included.
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_DEVICE, ...).
+   */
+  void set_limit(int device, std::uint64_t limit_bytes) { check(gpumem_set_limit(raw_(), device, limit_bytes), "gpumem_set_limit"); }
+
+  /** \brief The cap on bytes reserved on `device` (0: none). \throws gpumem::error. */
+  std::uint64_t get_limit(int device = 0) const {
+    std::uint64_t v = 0;
+    check(gpumem_get_limit(raw_(), device, &v), "gpumem_get_limit");
+    return v;
+  }
+
+  /** \brief The largest block one allocation on `device` gets from the cache without growing. \throws gpumem::error. */
+  std::uint64_t largest_free_block(int device = 0) const {
+    std::uint64_t v = 0;
+    check(gpumem_largest_free_block(raw_(), device, &v), "gpumem_largest_free_block");
+    return v;
+  }
+
+  /**
+   * \brief Note that `stream` uses the block at `ptr` (gpumem_record_stream(), PyTorch's
+   *        `Tensor.record_stream`): its free waits for that stream's work too.
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_POINTER, ...).
+   */
+  void record_stream(void *ptr, gpumem_stream stream) { check(gpumem_record_stream(raw_(), ptr, stream), "gpumem_record_stream"); }
+
+  /**
+   * \brief A private pool for graph captures on `device` (gpumem_graph_pool_create()).
+   * \throws gpumem::error (::GPUMEM_ERR_INVALID_DEVICE, ::GPUMEM_ERR_OUT_OF_MEMORY).
+   */
+  gpumem::graph_pool graph_pool(int device = 0) {
+    gpumem_graph_pool *p = nullptr;
+    check(gpumem_graph_pool_create(raw_(), device, &p), "gpumem_graph_pool_create");
+    return gpumem::graph_pool(p, st_);
   }
 
   /** \brief Allocate raw memory (gpumem_alloc()); free it with free(). \throws gpumem::error. */

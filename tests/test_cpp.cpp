@@ -45,6 +45,8 @@ static_assert(!std::is_copy_constructible<gpumem::buffer>::value, "buffer is mov
 static_assert(std::is_nothrow_move_assignable<gpumem::buffer>::value, "buffer moves");
 static_assert(!std::is_copy_constructible<gpumem::scope>::value, "scope is move-only");
 static_assert(std::is_nothrow_move_assignable<gpumem::scope>::value, "scope moves");
+static_assert(!std::is_copy_constructible<gpumem::graph_pool>::value, "graph_pool is move-only");
+static_assert(std::is_nothrow_move_assignable<gpumem::graph_pool>::value, "graph_pool moves");
 static_assert(std::is_base_of<std::runtime_error, gpumem::error>::value, "error is a runtime_error");
 
 std::uint64_t live(const gpumem::context &c, int dev = GPUMEM_ALL_DEVICES) { return c.stats(dev).num_live; }
@@ -445,6 +447,88 @@ void test_handles_outlive_context() {
   CHECK(gpumem_destroy(rraw, 0) == GPUMEM_OK);
 }
 
+void test_limits_and_text() {
+  gpumem::context ctx("sim");
+  CHECK(ctx.get_limit(0) == 0);
+  ctx.set_limit(0, 64u << 20);
+  CHECK(ctx.get_limit(0) == (64u << 20));
+  CHECK(throws_status([&] { (void)ctx.alloc(128u << 20, 0); }, GPUMEM_ERR_LIMIT_EXCEEDED));
+  ctx.set_limit(0, 0);
+  {
+    gpumem::buffer b = ctx.alloc(8u << 20, 0);
+  }
+  CHECK(ctx.largest_free_block(0) >= (8u << 20));
+  CHECK(throws_status([&] { ctx.set_limit(7, 1); }, GPUMEM_ERR_INVALID_DEVICE));
+  CHECK(throws_status([&] { (void)ctx.largest_free_block(7); }, GPUMEM_ERR_INVALID_DEVICE));
+  gpumem::buffer b = ctx.alloc(3u << 20, 0);
+  std::string json = ctx.stats_text(GPUMEM_STATS_JSON, 0);
+  CHECK(json.size() > 10 && json.front() == '{' && json.compare(json.size() - 2, 2, "}\n") == 0);
+  CHECK(json.find("\"allocated_bytes\":" + std::to_string(ctx.stats(0).allocated_bytes)) != std::string::npos);
+  std::string prom = ctx.stats_text(GPUMEM_STATS_PROMETHEUS);
+  CHECK(prom.find("# TYPE gpumem_allocated_bytes gauge") != std::string::npos);
+  CHECK(prom.find('\0') == std::string::npos);
+  CHECK(throws_status([&] { (void)ctx.stats_text(static_cast<gpumem_stats_format_kind>(9), 0); }, GPUMEM_ERR_INVALID_ARGUMENT));
+  CHECK(throws_status([&] { (void)ctx.stats_text(GPUMEM_STATS_JSON, 7); }, GPUMEM_ERR_INVALID_DEVICE));
+  // record_stream: the block's free waits for the noted stream too
+  gpumem_stream s1 = reinterpret_cast<gpumem_stream>(std::uintptr_t{0x51});
+  ctx.record_stream(b.get(), s1);
+  int x = 0;
+  CHECK(throws_status([&] { ctx.record_stream(&x, s1); }, GPUMEM_ERR_INVALID_POINTER));
+}
+
+void test_graph_pools() {
+  gpumem_stream cs = reinterpret_cast<gpumem_stream>(std::uintptr_t{0xC0});
+  gpumem::context ctx("sim");
+  CHECK(gpumem_sim_stream_create(0, cs) == GPUMEM_OK);
+  void *outside = nullptr;
+  {
+    gpumem::graph_pool gp = ctx.graph_pool(0);
+    CHECK(gp);
+    gp.begin(cs);
+    {
+      gpumem::graph_pool other = ctx.graph_pool(0);
+      CHECK(throws_status([&] { other.begin(cs); }, GPUMEM_ERR_INVALID_ARGUMENT)); // routed to gp already
+    }
+    void *p = ctx.alloc_raw(1u << 20, 0, cs); // routed to the pool
+    CHECK(gp.stats().num_live == 1);
+    CHECK(ctx.stats(0).num_live == 1); // the device's figures count graph pools too
+    ctx.free(p, cs);
+    void *q = gp.alloc(2u << 20, cs);
+    CHECK(gp.stats().num_live == 1);
+    CHECK(throws_status([&] { gp.release(); }, GPUMEM_ERR_INVALID_ARGUMENT)); // still routed: kept
+    CHECK(gp);
+    gp.end(cs);
+    CHECK(throws_status([&] { gp.end(cs); }, GPUMEM_ERR_INVALID_ARGUMENT));
+    outside = ctx.alloc_raw(1u << 20, 0, cs); // not routed any more: the main pool
+    CHECK(gp.stats().num_live == 1);
+    gpumem::graph_pool moved = std::move(gp);
+    CHECK(!gp && moved);
+    CHECK(throws_status([&] { (void)gp.alloc(1); }, GPUMEM_ERR_INVALID_ARGUMENT));
+    CHECK(throws_status([&] { (void)gp.stats(); }, GPUMEM_ERR_INVALID_ARGUMENT));
+    gp.release(); // harmless when empty
+    ctx.free(q, cs);
+    moved.release();
+    CHECK(!moved);
+  }
+  {
+    // a pool outlives its context object: the C context goes with the pool
+    gpumem::graph_pool keep;
+    {
+      gpumem::context c2("sim");
+      keep = c2.graph_pool(1);
+      CHECK(throws_status([&] { c2.destroy(); }, GPUMEM_ERR_BUSY));
+    }
+    void *r = keep.alloc(4096);
+    CHECK(r != nullptr);
+    CHECK(keep.stats().num_live == 1);
+    // (the block is live when the pool goes: released with the context)
+  }
+  ctx.free(outside, cs);
+  CHECK(ctx.stats(0).num_live == 0);
+  CHECK(throws_status([&] { (void)ctx.graph_pool(7); }, GPUMEM_ERR_INVALID_DEVICE));
+  CHECK(gpumem_sim_stream_destroy(0, cs) == GPUMEM_OK);
+}
+
 } // namespace
 
 int main() {
@@ -468,6 +552,8 @@ int main() {
       {"scopes", test_scopes},
       {"trim_reset_stats", test_trim_reset_stats},
       {"context_moves_and_destroy", test_context_moves_and_destroy},
+      {"limits_and_text", test_limits_and_text},
+      {"graph_pools", test_graph_pools},
       {"handles_outlive_context", test_handles_outlive_context},
   };
   for (const auto &t : tests) {
