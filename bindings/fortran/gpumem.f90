@@ -108,7 +108,9 @@ module gpumem
   public :: gpumem_config_init, gpumem_create, gpumem_destroy, gpumem_device_count, &
        gpumem_device_get_info, gpumem_alloc, gpumem_free, gpumem_trim, gpumem_reset, &
        gpumem_get_stats, gpumem_reset_peak_stats, gpumem_status_name, gpumem_strerror, &
-       gpumem_backend_name, gpumem_ptr_info
+       gpumem_backend_name, gpumem_ptr_info, gpumem_set_limit, gpumem_get_limit, &
+       gpumem_largest_free_block, gpumem_record_stream, gpumem_scope_begin, gpumem_scope_alloc, &
+       gpumem_scope_end
   ! ---- Fortran conveniences ----
   public :: gpumem_config_set_backend, gpumem_create_f, gpumem_get_stats_f, &
        gpumem_device_info_f, gpumem_status_name_f, gpumem_strerror_f, gpumem_backend_name_f, &
@@ -184,6 +186,71 @@ module gpumem
        integer(c_int), intent(out) :: device
        integer(c_int) :: st
      end function gpumem_ptr_info
+
+     !> gpumem_status gpumem_record_stream(gpumem_context *ctx, void *ptr, gpumem_stream stream)
+     !> The block's free also waits for `stream`'s work queued so far (PyTorch's record_stream).
+     function gpumem_record_stream(ctx, ptr, stream) bind(c, name="gpumem_record_stream") result(st)
+       import :: c_ptr, c_int
+       type(c_ptr), value :: ctx
+       type(c_ptr), value :: ptr
+       type(c_ptr), value :: stream
+       integer(c_int) :: st
+     end function gpumem_record_stream
+
+     !> gpumem_status gpumem_set_limit(gpumem_context *ctx, int device, uint64_t limit_bytes)
+     !> Cap the bytes reserved on `device` (0 removes the cap).
+     function gpumem_set_limit(ctx, device, limit_bytes) bind(c, name="gpumem_set_limit") result(st)
+       import :: c_ptr, c_int, c_int64_t
+       type(c_ptr), value :: ctx
+       integer(c_int), value :: device
+       integer(c_int64_t), value :: limit_bytes
+       integer(c_int) :: st
+     end function gpumem_set_limit
+
+     !> gpumem_status gpumem_get_limit(gpumem_context *ctx, int device, uint64_t *limit_bytes)
+     function gpumem_get_limit(ctx, device, limit_bytes) bind(c, name="gpumem_get_limit") result(st)
+       import :: c_ptr, c_int, c_int64_t
+       type(c_ptr), value :: ctx
+       integer(c_int), value :: device
+       integer(c_int64_t), intent(out) :: limit_bytes
+       integer(c_int) :: st
+     end function gpumem_get_limit
+
+     !> gpumem_status gpumem_largest_free_block(gpumem_context *ctx, int device, uint64_t *bytes)
+     function gpumem_largest_free_block(ctx, device, bytes) bind(c, name="gpumem_largest_free_block") result(st)
+       import :: c_ptr, c_int, c_int64_t
+       type(c_ptr), value :: ctx
+       integer(c_int), value :: device
+       integer(c_int64_t), intent(out) :: bytes
+       integer(c_int) :: st
+     end function gpumem_largest_free_block
+
+     !> gpumem_status gpumem_scope_begin(gpumem_context *ctx, int device, gpumem_stream stream, gpumem_scope **out)
+     !> A scope: everything gpumem_scope_alloc gives out is freed by gpumem_scope_end (a time step's temporaries).
+     function gpumem_scope_begin(ctx, device, stream, scope) bind(c, name="gpumem_scope_begin") result(st)
+       import :: c_ptr, c_int
+       type(c_ptr), value :: ctx
+       integer(c_int), value :: device
+       type(c_ptr), value :: stream
+       type(c_ptr), intent(out) :: scope
+       integer(c_int) :: st
+     end function gpumem_scope_begin
+
+     !> gpumem_status gpumem_scope_alloc(gpumem_scope *scope, size_t size, void **out_ptr)
+     function gpumem_scope_alloc(scope, size, ptr) bind(c, name="gpumem_scope_alloc") result(st)
+       import :: c_ptr, c_int, c_size_t
+       type(c_ptr), value :: scope
+       integer(c_size_t), value :: size
+       type(c_ptr), intent(inout) :: ptr
+       integer(c_int) :: st
+     end function gpumem_scope_alloc
+
+     !> gpumem_status gpumem_scope_end(gpumem_scope *scope): frees everything allocated in it
+     function gpumem_scope_end(scope) bind(c, name="gpumem_scope_end") result(st)
+       import :: c_ptr, c_int
+       type(c_ptr), value :: scope
+       integer(c_int) :: st
+     end function gpumem_scope_end
 
      !> gpumem_status gpumem_trim(gpumem_context *ctx, int device, uint64_t keep_bytes, uint64_t *released)
      function gpumem_trim(ctx, device, keep_bytes, released) bind(c, name="gpumem_trim") result(st)

@@ -13,13 +13,13 @@ program test_gpumem_fortran
      end function layout
   end interface
 
-  type(c_ptr) :: ctx, ctx2, p, q, r
+  type(c_ptr) :: ctx, ctx2, p, q, r, sc, t1, t2
   type(gpumem_config), target :: cfg
   type(gpumem_stats), target :: stats, s0, s1
   type(gpumem_device_info), target :: info
   character(len=:), allocatable :: uuid, name
   integer(c_int) :: st, n, dev
-  integer(c_int64_t) :: released
+  integer(c_int64_t), target :: released, lim, big
   integer(c_size_t) :: sz
   integer(c_int8_t), pointer :: bytes(:)
   integer :: checks = 0
@@ -127,7 +127,39 @@ program test_gpumem_fortran
   p = c_null_ptr
   call expect(gpumem_alloc(ctx2, 0, 128_c_size_t * 1024 * 1024, c_null_ptr, p), GPUMEM_ERR_LIMIT_EXCEEDED, "limit")
   call expect(gpumem_alloc(ctx2, 0, 1024_c_size_t, c_null_ptr, p), GPUMEM_OK, "alloc under limit")
-  call expect(gpumem_destroy(ctx2, GPUMEM_DESTROY_FORCE), GPUMEM_OK, "destroy force")
+  ! the cap reads back, can be changed and removed; the largest cached block
+  call expect(gpumem_get_limit(ctx2, 0, lim), GPUMEM_OK, "get_limit")
+  call check(lim == 64_c_int64_t * 1024 * 1024, "limit from the config")
+  call expect(gpumem_set_limit(ctx2, 0, 0_c_int64_t), GPUMEM_OK, "set_limit 0")
+  call expect(gpumem_get_limit(ctx2, 0, lim), GPUMEM_OK, "get_limit after")
+  call check(lim == 0, "no cap")
+  q = c_null_ptr
+  call expect(gpumem_alloc(ctx2, 0, 128_c_size_t * 1024 * 1024, c_null_ptr, q), GPUMEM_OK, "alloc past the old cap")
+  call expect(gpumem_free(ctx2, q, c_null_ptr), GPUMEM_OK, "free it")
+  call expect(gpumem_largest_free_block(ctx2, 0, big), GPUMEM_OK, "largest_free_block")
+  call check(big >= 128_c_int64_t * 1024 * 1024, "the freed block is cached")
+  call expect(gpumem_set_limit(ctx2, 7, 0_c_int64_t), GPUMEM_ERR_INVALID_DEVICE, "set_limit dev 7")
+  call expect(gpumem_largest_free_block(ctx2, 7, big), GPUMEM_ERR_INVALID_DEVICE, "largest_free_block dev 7")
+  ! record_stream: noted on another stream, then freed
+  call expect(gpumem_record_stream(ctx2, p, transfer(int(z'5100', c_intptr_t), c_null_ptr)), GPUMEM_OK, "record_stream")
+  call expect(gpumem_record_stream(ctx2, c_loc(released), c_null_ptr), GPUMEM_ERR_INVALID_POINTER, &
+       "record_stream of a foreign pointer")
+  call expect(gpumem_free(ctx2, p, c_null_ptr), GPUMEM_OK, "free the noted block")
+  ! a scope: a time step's temporaries, freed together
+  call expect(gpumem_get_stats_f(ctx2, 0, s0), GPUMEM_OK, "stats before the scope")
+  call expect(gpumem_scope_begin(ctx2, 0, c_null_ptr, sc), GPUMEM_OK, "scope_begin")
+  t1 = c_null_ptr
+  t2 = c_null_ptr
+  call expect(gpumem_scope_alloc(sc, 8192_c_size_t, t1), GPUMEM_OK, "scope_alloc 1")
+  call expect(gpumem_scope_alloc(sc, 3000000_c_size_t, t2), GPUMEM_OK, "scope_alloc 2")
+  call check(c_associated(t1) .and. c_associated(t2), "scope pointers")
+  call expect(gpumem_get_stats_f(ctx2, 0, s1), GPUMEM_OK, "stats in the scope")
+  call check(s1%num_live == s0%num_live + 2, "two live in the scope")
+  call expect(gpumem_scope_end(sc), GPUMEM_OK, "scope_end")
+  call expect(gpumem_get_stats_f(ctx2, 0, s1), GPUMEM_OK, "stats after the scope")
+  call check(s1%num_live == s0%num_live, "the scope freed its blocks")
+  call expect(gpumem_scope_begin(ctx2, 9, c_null_ptr, sc), GPUMEM_ERR_INVALID_DEVICE, "scope_begin dev 9")
+  call expect(gpumem_destroy(ctx2, 0), GPUMEM_OK, "destroy after the scope")
   call gpumem_config_init(cfg)
   cfg%flags = GPUMEM_CONFIG_NO_ENV   ! else GPUMEM_BACKEND=sim from the environment wins
   call expect(gpumem_create_f(ctx2, cfg, backend="no-such-backend"), GPUMEM_ERR_NO_BACKEND, "unknown backend")
