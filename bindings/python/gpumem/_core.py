@@ -668,16 +668,12 @@ class Context:
         self._call(capi.lib.gpumem_stats_format, dev, kinds[format], None, 0, byref(need))
         while True:  # numbers may grow between the size query and the text: retry with the new size
             buf = ctypes.create_string_buffer(need.value + 256)
-            state = self._state
-            h = state.enter()
             try:
-                rc = capi.lib.gpumem_stats_format(h, dev, kinds[format], buf, len(buf), byref(need))
-                if rc != 0 and need.value <= len(buf):
-                    _check(rc, h)
-            finally:
-                state.leave()
-            if rc == 0:
+                self._call(capi.lib.gpumem_stats_format, dev, kinds[format], buf, len(buf), byref(need))
                 return buf.value.decode("utf-8")
+            except InvalidArgumentError:
+                if need.value <= len(buf):
+                    raise
 
     def set_limit(self, limit_bytes: int, device: int = 0) -> None:
         """Cap the bytes reserved on ``device`` (``gpumem_set_limit``; 0 removes the cap), the
